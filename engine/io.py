@@ -1,0 +1,80 @@
+"""Atomic file output: every checkpoint, log and table is written to a temp file and renamed, so an
+interrupted run never leaves a truncated file and never loses what was already written."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` via a temp file in the same directory + ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def write_json(path, obj: Any) -> Path:
+    """Atomic JSON (indented, UTF-8)."""
+    return atomic_write_bytes(path, json.dumps(obj, indent=2, default=str).encode())
+
+
+def write_pickle(path, obj: Any) -> Path:
+    """Atomic pickle (protocol 4)."""
+    return atomic_write_bytes(path, pickle.dumps(obj, protocol=4))
+
+
+def read_pickle(path) -> Any:
+    """Read a pickle written by :func:`write_pickle`.
+
+    Raises:
+        ValueError: the file is missing or unreadable (message names the file).
+    """
+    try:
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    except FileNotFoundError:
+        raise ValueError(f"resume: no checkpoint at {path}; pass resume=<run dir> of a run that finished at least one generation")
+    except Exception as e:  # noqa: BLE001 - corrupt or foreign file
+        raise ValueError(f"resume: checkpoint {path} is unreadable ({type(e).__name__}: {e}); "
+                         f"pass another run dir or start afresh without resume") from None
+
+
+def write_parquet(path, rows: dict[str, list] | list[dict]) -> Path:
+    """Atomic Parquet from a column dict or a list of row dicts."""
+    table = pa.Table.from_pylist(rows) if isinstance(rows, list) else pa.Table.from_pydict(rows)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def read_rows(path) -> list[dict]:
+    """Rows of a Parquet file; [] when it does not exist."""
+    path = Path(path)
+    return pq.read_table(path).to_pylist() if path.exists() else []

@@ -1,0 +1,302 @@
+"""The ESSA run loop: warm start, then ask -> evaluate -> tell, with logs, checkpoints and exports.
+
+ESSA (arXiv 2507.04453) Algorithm 1:
+  1. SFT warm start of a LoRA adapter (engine/sft.py);
+  2. SVD of each LoRA factor; the genome is the offsets of the top singular values (strategies/genomes.py);
+  3. each generation: the strategy asks for P candidates, all are evaluated on one fresh minibatch of N
+     prompts in one multi-LoRA vLLM batch (engine/population.py), fitness = mean reward, tell.
+
+Everything random derives from (seed, generation) or lives in the strategy state, so a resumed run
+replays nothing and skips nothing (STYLE.md rule 11).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from . import io
+from .adapters import read_adapter, write_adapter
+from .backends import AdapterRef, Sampling, lora_int_id
+from .config import validate
+from .model import resolve_model_path
+from .population import AdapterMeta, PopulationEvaluator
+from .sft import warm_start
+from .tasks import Problem, Task, load_task
+
+log = logging.getLogger("essa")
+
+CHECKPOINT = "checkpoint.pkl"
+CHECKPOINT_VERSION = 1
+# Fields whose change makes a checkpoint meaningless for the resumed run.
+RESUME_KEYS = ("model", "task", "lora", "sft", "strategy", "rollout", "seed")
+
+
+def minibatch(train: list[Problem], n: int, seed: int, generation: int) -> list[Problem]:
+    """The generation's minibatch: N distinct problems drawn from a stream seeded by (seed, generation).
+
+    ESSA §3.3: every candidate of a generation sees the same prompts; a fresh batch each generation.
+    """
+    rng = np.random.default_rng([seed, generation])
+    idx = rng.choice(len(train), size=min(n, len(train)), replace=False)
+    return [train[i] for i in idx]
+
+
+def config_key(cfg) -> str:
+    """Hash of the config fields a checkpoint depends on (RESUME_KEYS)."""
+    sub = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k] for k in RESUME_KEYS}
+    return hashlib.sha256(json.dumps(sub, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass
+class RunState:
+    """What a checkpoint restores: last finished generation, strategy state, best candidate, clock."""
+
+    generation: int = -1
+    wall_s: float = 0.0
+    best_fitness: float = -np.inf
+    best_genome: np.ndarray | None = None
+    best_generation: int = -1
+
+
+def build_evaluator(cfg, model_path: str, codec, meta: AdapterMeta, tokenizer):
+    """The population evaluator of ``engine.backend``: local vLLM or Ray actors."""
+    from rewards import MathReward
+
+    reward_fn = MathReward(lenient=cfg.reward.lenient, timeout_s=cfg.reward.timeout_s,
+                           format_weight=cfg.reward.format_weight)
+    if cfg.engine.backend == "ray":
+        from .backends.ray_backend import RayPopulationEvaluator
+        return RayPopulationEvaluator(cfg, model_path, codec, meta, reward_fn)
+    from .backends.vllm_local import VLLMBackend
+    backend = VLLMBackend(
+        model_path, max_lora_rank=cfg.lora.rank,
+        max_loras=cfg.engine.max_loras or cfg.strategy.population_size + 2,
+        max_model_len=cfg.model.max_model_len, dtype=cfg.model.dtype, seed=cfg.seed,
+        gpu_memory_utilization=cfg.engine.gpu_memory_utilization, kv_cache_gib=cfg.engine.kv_cache_gib,
+        enforce_eager=cfg.engine.enforce_eager, max_num_seqs=cfg.engine.max_num_seqs,
+        fast_lora=cfg.engine.fast_lora, extra=OmegaConf.to_container(cfg.engine.extra))
+    return PopulationEvaluator(backend, codec, reward_fn, meta, tokenizer, cfg.task.system_prompt,
+                               cfg.engine.adapter_dir)
+
+
+def validation(evaluator, conditions: dict[str, AdapterRef | None], val: list[Problem], cfg) -> dict[str, float]:
+    """Greedy held-out accuracy of each condition (adapter or None = base model), in one batch."""
+    sampling = Sampling(max_tokens=cfg.eval.max_tokens, temperature=0.0, n=1, seed=cfg.seed)
+    names = list(conditions)
+    rewards, *_ = evaluator.score([conditions[k] for k in names], val, sampling)
+    return {k: float(np.nan_to_num(rewards[i]).mean()) for i, k in enumerate(names)}
+
+
+def _truncate_logs(run_dir: Path, generation: int) -> None:
+    """Drop log rows written after the checkpointed generation (a crash between log and checkpoint)."""
+    rows = [r for r in io.read_rows(run_dir / "metrics.parquet") if r["generation"] <= generation]
+    if rows:
+        io.write_parquet(run_dir / "metrics.parquet", rows)
+    vrows = [r for r in io.read_rows(run_dir / "validation.parquet") if r["step"] <= generation + 1]
+    if vrows:
+        io.write_parquet(run_dir / "validation.parquet", vrows)
+    for f in (run_dir / "rollouts").glob("gen_*.parquet"):
+        if int(f.stem.split("_")[1]) > generation:
+            f.unlink()
+
+
+def run_train(cfg, run_dir: str | Path) -> dict:
+    """Run (or resume) one ESSA training job; returns the final accuracy table.
+
+    Args:
+        cfg: composed ``engine.config.TrainConfig``.
+        run_dir: Hydra's run directory (ignored when ``cfg.resume`` names another run dir).
+
+    Returns:
+        ``{"val": {condition: accuracy}, "n_problems": int, "run_dir": str}``.
+
+    Raises:
+        ConfigError / ValueError / FileNotFoundError: bad configuration or input (one-line messages).
+    """
+    from strategies import get_strategy
+    from strategies.genomes import make_genome
+
+    validate(cfg)
+    run_dir = Path(cfg.resume) if cfg.resume else Path(run_dir)
+    state = RunState()
+    ckpt = None
+    if cfg.resume:
+        ckpt = io.read_pickle(run_dir / CHECKPOINT)
+        if not isinstance(ckpt, dict) or ckpt.get("version") != CHECKPOINT_VERSION:
+            raise ValueError(f"resume: {run_dir / CHECKPOINT} is not an essa checkpoint (version "
+                             f"{ckpt.get('version') if isinstance(ckpt, dict) else '?'}); start afresh without resume")
+        if ckpt["config_key"] != config_key(cfg):
+            raise ValueError(f"resume: the config differs from the checkpointed run in one of {RESUME_KEYS}; "
+                             f"resume with the same overrides as {run_dir}/.hydra/overrides.yaml")
+        state = ckpt["run_state"]
+        _truncate_logs(run_dir, state.generation)
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    t_start = time.perf_counter() - state.wall_s
+    model_path = resolve_model_path(cfg.model.path)
+    task: Task = load_task(cfg.task)
+    if task.skipped:
+        log.warning("task %s: skipped rows without a usable answer: %s", task.name, task.skipped)
+    log.info("task %s: %d train / %d val problems", task.name, len(task.train), len(task.val))
+
+    sft_dir = warm_start(model_path, task.train, cfg.sft, cfg.lora, cfg.task.system_prompt)
+    lora, _ = read_adapter(sft_dir)
+    codec = make_genome(cfg.strategy.genome.kind, lora, **_genome_kwargs(cfg))
+    strategy_cls = get_strategy(cfg.strategy._target_ or cfg.strategy.name)
+    strategy = strategy_cls(dim=codec.dim, x0=codec.x0(), seed=cfg.seed,
+                            population_size=cfg.strategy.population_size, sigma0=cfg.strategy.sigma0,
+                            **OmegaConf.to_container(cfg.strategy.options, resolve=True))
+    if ckpt is not None:
+        strategy.load_state_dict(ckpt["strategy"])
+    log.info("genome %s: D = %d; strategy %s, P = %d", cfg.strategy.genome.kind, codec.dim,
+             strategy_cls.__name__, cfg.strategy.population_size)
+
+    method = "essa" if cfg.strategy.genome.kind == "svd_lora" else str(cfg.strategy.name)
+    if ckpt is None:
+        io.write_json(run_dir / "run.json", _run_meta(cfg, method, model_path, codec.dim, sft_dir))
+
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    meta = AdapterMeta(cfg.lora.rank, cfg.lora.alpha, tuple(cfg.lora.target_modules), model_path)
+    evaluator = build_evaluator(cfg, model_path, codec, meta, tokenizer)
+    sft_ref = AdapterRef("sft", lora_int_id(-1, 0), str(sft_dir))
+    sampling_for = lambda g: Sampling(max_tokens=cfg.rollout.max_tokens, temperature=cfg.rollout.temperature,  # noqa: E731
+                                      top_p=cfg.rollout.top_p, n=cfg.rollout.samples_per_prompt,
+                                      seed=cfg.seed * 1_000_003 + g * 10_007)
+    metrics = io.read_rows(run_dir / "metrics.parquet")
+    vrows = io.read_rows(run_dir / "validation.parquet")
+    P = cfg.strategy.population_size
+
+    def add_validation(step: int, accs: dict[str, float]) -> None:
+        wall = time.perf_counter() - t_start
+        for cond, acc in accs.items():
+            vrows.append({"step": step, "wall_s": wall, "condition": cond, "accuracy": acc,
+                          "n_problems": len(task.val), "method": method})
+            log.info("validation step %d: %s accuracy %.3f (%d problems)", step, cond, acc, len(task.val))
+        io.write_parquet(run_dir / "validation.parquet", vrows)
+
+    def save_checkpoint() -> None:
+        state.wall_s = time.perf_counter() - t_start
+        io.write_pickle(run_dir / CHECKPOINT, {"version": CHECKPOINT_VERSION, "config_key": config_key(cfg),
+                                               "run_state": state, "strategy": strategy.state_dict(),
+                                               "data_cursor": state.generation + 1})
+
+    def mean_ref(g: int) -> AdapterRef:
+        return evaluator.write_candidates(strategy.mean[None, :], generation=g, first_candidate=P)[0]
+
+    try:
+        if ckpt is None and cfg.eval.baselines:
+            add_validation(0, validation(evaluator, {"no_adapter": None, "sft": sft_ref}, task.val, cfg))
+        for g in range(state.generation + 1, cfg.generations):
+            t0 = time.perf_counter()
+            genomes = strategy.ask()
+            t_ask = time.perf_counter() - t0
+            batch = minibatch(task.train, cfg.rollout.prompts_per_generation, cfg.seed, g)
+            result = evaluator.evaluate(genomes, batch, g, sampling_for(g))
+            t1 = time.perf_counter()
+            strategy.tell(genomes, result.fitness)
+            t_tell = time.perf_counter() - t1
+            fit = result.fitness
+            if np.isfinite(fit).any() and np.nanmax(fit) > state.best_fitness:
+                k = int(np.nanargmax(fit))
+                state.best_fitness, state.best_genome, state.best_generation = float(fit[k]), genomes[k].copy(), g
+            io.write_parquet(run_dir / "rollouts" / f"gen_{g:06d}.parquet", result.rollouts)
+            tm = result.timings
+            row = {"generation": g, "wall_s": time.perf_counter() - t_start,
+                   "fitness_mean": float(np.nanmean(fit)) if np.isfinite(fit).any() else float("nan"),
+                   "fitness_max": float(np.nanmax(fit)) if np.isfinite(fit).any() else float("nan"),
+                   "fitness_min": float(np.nanmin(fit)) if np.isfinite(fit).any() else float("nan"),
+                   "fitness_std": float(np.nanstd(fit)) if np.isfinite(fit).any() else float("nan"),
+                   "n_failed": int((~np.isfinite(fit)).sum()), "sigma": float(strategy.sigma),
+                   "tokens": result.tokens, "tokens_per_s": result.tokens / max(tm.get("generate", 0.0), 1e-9),
+                   "t_ask": t_ask, "t_decode": tm.get("decode", 0.0), "t_write": tm.get("write", 0.0),
+                   "t_generate": tm.get("generate", 0.0), "t_reward": tm.get("reward", 0.0), "t_tell": t_tell}
+            row.update({f"t_{k}": v for k, v in tm.items() if f"t_{k}" not in row})
+            metrics.append(row)
+            io.write_parquet(run_dir / "metrics.parquet", metrics)
+            log.info("gen %d/%d  fitness mean %.3f max %.3f min %.3f  sigma %.4f  %d tok  %.0f tok/s  %.1fs",
+                     g + 1, cfg.generations, row["fitness_mean"], row["fitness_max"], row["fitness_min"],
+                     row["sigma"], row["tokens"], row["tokens_per_s"], row["t_generate"])
+            state.generation = g
+            last = g == cfg.generations - 1
+            if not last and cfg.eval.every and (g + 1) % cfg.eval.every == 0:
+                add_validation(g + 1, validation(evaluator, {"mean": mean_ref(g)}, task.val, cfg))
+                evaluator.release(g)
+            save_checkpoint()
+    except KeyboardInterrupt:
+        save_checkpoint()
+        print(f"\ninterrupted: checkpoint of generation {state.generation} in {run_dir / CHECKPOINT}; "
+              f"continue with: essa train resume={run_dir} <same overrides>", file=sys.stderr)
+        evaluator.close()
+        raise
+
+    # Final validation of the mean and the best genome, exports in PEFT format.
+    final_step = cfg.generations
+    conds: dict[str, AdapterRef | None] = {}
+    exports = {"mean": strategy.mean}
+    if state.best_genome is not None:
+        exports["best"] = state.best_genome
+    for name, genome in exports.items():
+        path = write_adapter(run_dir / "adapters" / name, codec.decode(genome), cfg.lora.rank, cfg.lora.alpha,
+                             model_path, tuple(cfg.lora.target_modules))
+        conds[name] = AdapterRef(f"final-{name}", lora_int_id(final_step, P + len(conds)), str(path))
+    if cfg.generations > 0:
+        add_validation(final_step, validation(evaluator, conds, task.val, cfg))
+    evaluator.close()
+
+    table = _final_table(vrows)
+    print(_format_table(table, len(task.val), task.name))
+    io.write_json(run_dir / "summary.json", {"val": table, "n_problems": len(task.val), "task": task.name,
+                                             "generations": cfg.generations, "wall_s": time.perf_counter() - t_start})
+    if cfg.report:
+        try:
+            from .report import make_report
+            make_report([run_dir], run_dir / "report")
+        except ImportError:
+            log.info("report module not available; skipping figures")
+    return {"val": table, "n_problems": len(task.val), "run_dir": str(run_dir)}
+
+
+def _genome_kwargs(cfg) -> dict:
+    g = cfg.strategy.genome
+    return {"alpha": g.alpha, "mode": g.mode} if g.kind == "svd_lora" else {}
+
+
+def _run_meta(cfg, method: str, model_path: str, dim: int, sft_dir) -> dict:
+    overrides = []
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        overrides = list(HydraConfig.get().overrides.task)
+    except Exception:  # noqa: BLE001 - not under Hydra (tests)
+        pass
+    label = cfg.label or " ".join([method] + [o for o in overrides if not o.startswith(("resume=", "hydra"))])
+    return {"method": method, "label": label, "overrides": overrides, "model": cfg.model.path,
+            "model_path": model_path, "task": cfg.task.name, "seed": cfg.seed, "strategy": cfg.strategy.name,
+            "population_size": cfg.strategy.population_size, "genome_dim": dim, "sft_adapter": str(sft_dir),
+            "config": OmegaConf.to_container(cfg, resolve=True)}
+
+
+def _final_table(vrows: list[dict]) -> dict[str, float]:
+    """Latest accuracy per condition, in the order no_adapter, sft, mean, best."""
+    latest: dict[str, float] = {}
+    for r in sorted(vrows, key=lambda r: r["step"]):
+        latest[r["condition"]] = r["accuracy"]
+    order = ["no_adapter", "sft", "mean", "best"]
+    return {k: latest[k] for k in order if k in latest}
+
+
+def _format_table(table: dict[str, float], n: int, task: str) -> str:
+    names = {"no_adapter": "no adapter", "sft": "SFT warm start", "mean": "after ES (mean genome)",
+             "best": "after ES (best candidate)"}
+    lines = [f"\nheld-out accuracy on {task} ({n} problems, greedy)", f"{'condition':<28}{'accuracy':>10}{'correct':>10}"]
+    for k, v in table.items():
+        lines.append(f"{names.get(k, k):<28}{v:>10.3f}{round(v * n):>10d}")
+    return "\n".join(lines)

@@ -1,0 +1,129 @@
+"""SFT warm start: a short supervised LoRA fine-tune on worked solutions (ESSA §3.1, step 1).
+
+Trained with TRL's ``SFTTrainer`` and peft (LoRA on q/k/v/o of every layer) on conversational
+prompt-completion rows (system prompt + question -> worked solution ending in ``\\boxed{}``), with
+the loss on the completion only. The finished adapter is cached under
+``$ESSA_CACHE/sft/<hash>`` where the hash covers the model, the task rows and every SFT/LoRA
+field, so a second run with the same config skips training.
+
+With ``sft.enabled=false`` the adapter is peft's initialisation (A Kaiming-uniform, B = 0), the
+no-warm-start variant of ESSA.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from .model import cache_dir
+from .prompts import chat_messages
+from .tasks import Problem
+
+log = logging.getLogger(__name__)
+
+
+def sft_hash(model_path: str, problems: list[Problem], sft_cfg, lora_cfg, system_prompt: str) -> str:
+    """Hex digest (16 chars) identifying a warm start: model, rows used, SFT and LoRA settings."""
+    h = hashlib.sha256()
+    rows = [(p.id, p.question, p.solution) for p in problems]
+    payload = {"model": model_path, "rows": rows, "system": system_prompt,
+               "sft": {k: getattr(sft_cfg, k) for k in ("enabled", "max_steps", "batch_size", "lr", "max_length", "seed")},
+               "lora": {"rank": lora_cfg.rank, "alpha": lora_cfg.alpha, "targets": list(lora_cfg.target_modules)}}
+    h.update(json.dumps(payload, sort_keys=True, default=str).encode())
+    return h.hexdigest()[:16]
+
+
+def sft_examples(problems: list[Problem], sft_cfg) -> list[Problem]:
+    """The rows one warm start trains on: problems with a worked solution, max_steps x batch_size."""
+    usable = [p for p in problems if p.solution]
+    return usable[: sft_cfg.max_steps * sft_cfg.batch_size]
+
+
+def warm_start(model_path: str, problems: list[Problem], sft_cfg, lora_cfg, system_prompt: str,
+               out_dir: str | Path | None = None) -> Path:
+    """Return a PEFT adapter directory holding the warm-start LoRA (trained or cached).
+
+    Args:
+        model_path: base model directory or HF id.
+        problems: train rows; those with a ``solution`` are used.
+        sft_cfg: ``engine.config.SFTConfig``. lora_cfg: ``engine.config.LoRAConfig``.
+        system_prompt: the task's system message (the same one ES prompts use).
+        out_dir: cache root; default ``$ESSA_CACHE/sft``.
+
+    Returns:
+        The adapter directory (adapter_config.json + adapter_model.safetensors).
+
+    Raises:
+        ValueError: SFT enabled but no row has a worked solution (``sft.enabled=false`` is the fix).
+    """
+    examples = sft_examples(problems, sft_cfg) if sft_cfg.enabled else []
+    if sft_cfg.enabled and not examples:
+        raise ValueError("sft.enabled=true but the task has no worked solutions; set sft.enabled=false "
+                         "or use a task whose rows carry solutions")
+    root = Path(out_dir) if out_dir else cache_dir() / "sft"
+    key = sft_hash(model_path, examples, sft_cfg, lora_cfg, system_prompt)
+    final = root / key
+    if sft_cfg.cache and (final / "adapter_config.json").exists():
+        log.info("SFT warm start: cached adapter %s", final)
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=root))
+    try:
+        _train(model_path, examples, sft_cfg, lora_cfg, system_prompt, tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _train(model_path, examples, sft_cfg, lora_cfg, system_prompt, out: Path) -> None:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(sft_cfg.seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    peft_cfg = LoraConfig(r=lora_cfg.rank, lora_alpha=lora_cfg.alpha, lora_dropout=0.0, bias="none",
+                          target_modules=list(lora_cfg.target_modules), task_type="CAUSAL_LM")
+    if not sft_cfg.enabled:
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        get_peft_model(model, peft_cfg).save_pretrained(str(out))
+        tokenizer.save_pretrained(str(out))
+        log.info("SFT disabled: saved peft's initial adapter (A Kaiming, B = 0)")
+        return
+
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    rows = [{"prompt": chat_messages(p.question, system_prompt),
+             "completion": [{"role": "assistant", "content": p.solution}]} for p in examples]
+    args = SFTConfig(
+        output_dir=str(out / "trainer"), max_steps=sft_cfg.max_steps, per_device_train_batch_size=sft_cfg.batch_size,
+        learning_rate=sft_cfg.lr, lr_scheduler_type="constant", warmup_steps=0, max_length=sft_cfg.max_length,
+        logging_steps=max(1, sft_cfg.max_steps // 10), save_strategy="no", report_to=[], seed=sft_cfg.seed,
+        use_cpu=not torch.cuda.is_available(), bf16=torch.cuda.is_available(), dataloader_num_workers=0,
+        completion_only_loss=True, disable_tqdm=False,
+    )
+    model = AutoModelForCausalLM.from_pretrained(
+        model_path, dtype=torch.bfloat16 if torch.cuda.is_available() else torch.float32)
+    t0 = time.perf_counter()
+    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
+                         processing_class=tokenizer, peft_config=peft_cfg)
+    result = trainer.train()
+    trainer.model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    meta = {"steps": sft_cfg.max_steps, "examples": len(examples), "seconds": time.perf_counter() - t0,
+            "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
+            "train_loss": result.training_loss}
+    (out / "sft_meta.json").write_text(json.dumps(meta, indent=2))
+    shutil.rmtree(out / "trainer", ignore_errors=True)
+    log.info("SFT warm start done: %s", meta)

@@ -1,0 +1,274 @@
+"""Tasks: math problems with reference answers and worked solutions.
+
+A task yields ``Problem`` rows split into ``train`` (SFT warm start and ES minibatches) and
+``val`` (held-out validation). Built-in readers:
+
+| name | source | answer | worked solution |
+|---|---|---|---|
+| ``gsm8k`` | ``question``/``answer`` JSONL or Parquet | text after ``#### `` | the answer text, calculator marks removed |
+| ``math500`` | ``problem``/``solution``/``answer`` | ``answer`` | ``solution`` |
+| ``svamp`` | ``Body``/``Question``/``Answer``/``Equation`` | ``Answer`` | built from ``Equation`` |
+| ``jsonl`` | any file, fields mapped in config | ``answer_field`` | ``solution_field`` (optional) |
+| ``arithmetic`` | generated, deterministic per seed | exact integer | generated step by step |
+
+Every worked solution ends in ``The final answer is \\boxed{answer}.`` (ESSA §4: the system prompt
+asks the model to reason step by step and box the answer). Rows without a usable answer are
+skipped and counted in ``Task.skipped``; they never crash the run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One math problem.
+
+    Attributes:
+        id: stable identifier (``<task>/<split>/<row>``).
+        question: the text shown to the model.
+        answer: reference final answer (a string: number or LaTeX).
+        solution: worked solution ending in ``\\boxed{answer}``, or None when the source has none.
+    """
+
+    id: str
+    question: str
+    answer: str
+    solution: str | None = None
+
+
+@dataclass
+class Task:
+    """Problems of one task split into train and held-out validation rows."""
+
+    name: str
+    train: list[Problem]
+    val: list[Problem]
+    skipped: dict[str, int] = field(default_factory=dict)
+
+
+def boxed_ending(answer: str) -> str:
+    """The sentence every worked solution ends with."""
+    return f"The final answer is \\boxed{{{answer}}}."
+
+
+def default_data_root() -> Path:
+    """``$ESSA_DATA`` or ``../shared/data`` beside the repository."""
+    return Path(os.environ.get("ESSA_DATA", REPO_ROOT.parent / "shared" / "data"))
+
+
+def _resolve_path(path: str) -> Path:
+    p = Path(path).expanduser()
+    if p.is_absolute():
+        return p
+    for base in (Path.cwd(), REPO_ROOT, default_data_root()):
+        if (base / p).exists():
+            return base / p
+    return default_data_root() / p
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """Rows of a JSONL, JSON-array or Parquet file.
+
+    Raises:
+        FileNotFoundError: missing file. ValueError: unsupported suffix.
+    """
+    if not path.exists():
+        raise FileNotFoundError(f"task.path: {path} does not exist; point task.path at a JSONL/Parquet file or folder")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+        return pq.read_table(path).to_pylist()
+    if path.suffix in (".jsonl", ".json"):
+        text = path.read_text()
+        if path.suffix == ".json" and text.lstrip().startswith("["):
+            return json.loads(text)
+        rows = []
+        for line in text.splitlines():
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                rows.append({})  # counted as skipped by the reader
+        return rows
+    raise ValueError(f"task.path: {path} has unsupported suffix {path.suffix!r}; use .jsonl, .json or .parquet")
+
+
+def _split_file(root: Path, split: str) -> Path:
+    if root.is_file():
+        return root
+    for suffix in (".jsonl", ".parquet", ".json"):
+        if (root / f"{split}{suffix}").exists():
+            return root / f"{split}{suffix}"
+    raise FileNotFoundError(f"task.path: no {split}.jsonl or {split}.parquet in {root}; set task.train_split/task.val_split")
+
+
+def _number(x: Any) -> str | None:
+    """Render a numeric answer without a spurious ``.0``; None when not a finite number."""
+    try:
+        v = float(str(x).replace(",", "").strip())
+    except (TypeError, ValueError):
+        return None
+    if v != v or v in (float("inf"), float("-inf")):
+        return None
+    return str(int(v)) if v == int(v) else repr(v)
+
+
+def _gsm8k(row: dict) -> tuple[str, str, str | None] | None:
+    q, a = row.get("question"), row.get("answer")
+    if not isinstance(q, str) or not isinstance(a, str) or "####" not in a:
+        return None
+    body, _, final = a.rpartition("####")
+    final = final.strip().replace(",", "")
+    if not final:
+        return None
+    body = re.sub(r"<<[^>]*>>", "", body).strip()
+    return q.strip(), final, f"{body}\n{boxed_ending(final)}"
+
+
+def _math500(row: dict) -> tuple[str, str, str | None] | None:
+    q, ans, sol = row.get("problem"), row.get("answer"), row.get("solution")
+    if not isinstance(q, str) or not isinstance(ans, str) or not ans.strip():
+        return None
+    return q.strip(), ans.strip(), (f"{sol.strip()}\n{boxed_ending(ans.strip())}" if isinstance(sol, str) else None)
+
+
+def _svamp(row: dict) -> tuple[str, str, str | None] | None:
+    body, q, ans = row.get("Body"), row.get("Question"), _number(row.get("Answer"))
+    if not isinstance(body, str) or not isinstance(q, str) or ans is None:
+        return None
+    eq = row.get("Equation")
+    sol = None
+    if isinstance(eq, str) and eq.strip():
+        expr = re.sub(r"(\d+)\.0\b", r"\1", eq.strip())
+        sol = f"We compute {expr} = {ans}.\n{boxed_ending(ans)}"
+    return f"{body.strip()} {q.strip()}", ans, sol
+
+
+def _generic(question_field: str, answer_field: str, solution_field: str | None) -> Callable:
+    def read(row: dict):
+        q, a = row.get(question_field), row.get(answer_field)
+        if not isinstance(q, str) or a is None or str(a).strip() == "":
+            return None
+        a = _number(a) if isinstance(a, (int, float)) else str(a).strip()
+        if a is None:
+            return None
+        s = row.get(solution_field) if solution_field else None
+        return q.strip(), a, (f"{s.strip()}\n{boxed_ending(a)}" if isinstance(s, str) and s.strip() else None)
+    return read
+
+
+READERS: dict[str, Callable[[dict], tuple[str, str, str | None] | None]] = {
+    "gsm8k": _gsm8k,
+    "math500": _math500,
+    "svamp": _svamp,
+}
+
+
+# --- generated arithmetic word problems -------------------------------------------------------
+
+_NAMES = ["Ana", "Ben", "Chloe", "Dev", "Ema", "Finn", "Gita", "Hugo", "Ivy", "Jon", "Kai", "Lea"]
+_ITEMS = ["apples", "marbles", "stickers", "books", "coins", "pencils", "shells", "cards"]
+
+
+def arithmetic_problem(rng: random.Random, steps: int, max_value: int) -> tuple[str, str, str]:
+    """One multi-step word problem of additions and subtractions (no negative intermediate).
+
+    Args:
+        rng: the random stream (deterministic per seed).
+        steps: number of operations after the starting amount.
+        max_value: operands are drawn from [1, max_value].
+
+    Returns:
+        (question, answer, worked solution ending in ``\\boxed{answer}``).
+    """
+    name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+    total = rng.randint(2, max_value)
+    sentences = [f"{name} has {total} {item}."]
+    work = [f"{name} starts with {total} {item}."]
+    for _ in range(steps):
+        if total > 1 and rng.random() < 0.5:
+            n = rng.randint(1, min(max_value, total - 1))
+            sentences.append(rng.choice([f"{name} gives away {n}.", f"{name} loses {n}."]))
+            work.append(f"{total} - {n} = {total - n}.")
+            total -= n
+        else:
+            n = rng.randint(1, max_value)
+            sentences.append(rng.choice([f"{name} finds {n} more.", f"A friend gives {name} {n} more."]))
+            work.append(f"{total} + {n} = {total + n}.")
+            total += n
+    question = " ".join(sentences) + f" How many {item} does {name} have now?"
+    return question, str(total), " ".join(work) + f"\n{boxed_ending(total)}"
+
+
+def _arithmetic(cfg) -> Task:
+    def make(split: str, n: int) -> list[Problem]:
+        rng = random.Random(f"{cfg.seed}-{split}")
+        return [Problem(f"arithmetic/{split}/{i}", *arithmetic_problem(rng, cfg.steps, cfg.max_value))
+                for i in range(n)]
+    return Task("arithmetic", make("train", cfg.train_size or 2000), make("val", cfg.val_size))
+
+
+def load_task(cfg) -> Task:
+    """Load a task from its config (``conf/task/*.yaml``, schema ``engine.config.TaskConfig``).
+
+    Local files: ``task.path`` (a folder with ``<split>.jsonl``/``.parquet`` or one file);
+    relative paths are looked up from the working directory, the repository and ``$ESSA_DATA``.
+    Hub: ``task.hub_id`` loads through ``datasets`` when a hub is reachable.
+    When the source has one split only (``train_split == val_split``), the rows are shuffled with
+    ``task.seed`` and the first ``val_size`` become the held-out split.
+
+    Raises:
+        FileNotFoundError / ValueError: unreadable source, unknown reader, or no usable rows.
+    """
+    if cfg.name == "arithmetic" or cfg.reader == "arithmetic":
+        return _arithmetic(cfg)
+    if cfg.reader in READERS:
+        reader = READERS[cfg.reader]
+    elif cfg.reader == "jsonl":
+        reader = _generic(cfg.question_field, cfg.answer_field, cfg.solution_field)
+    else:
+        raise ValueError(f"task.reader={cfg.reader!r} is unknown; use one of {sorted(READERS) + ['jsonl', 'arithmetic']}")
+
+    def rows_of(split: str) -> list[dict]:
+        if cfg.hub_id:
+            import datasets
+            return list(datasets.load_dataset(cfg.hub_id, cfg.hub_config, split=split))
+        return read_rows(_split_file(_resolve_path(cfg.path), split))
+
+    skipped: dict[str, int] = {}
+
+    def parse(rows: list[dict], split: str) -> list[Problem]:
+        out = []
+        for i, row in enumerate(rows):
+            parsed = reader(row) if isinstance(row, dict) else None
+            if parsed is None:
+                skipped[split] = skipped.get(split, 0) + 1
+                continue
+            out.append(Problem(f"{cfg.name}/{split}/{i}", *parsed))
+        return out
+
+    if cfg.train_split == cfg.val_split:
+        problems = parse(rows_of(cfg.train_split), cfg.train_split)
+        random.Random(cfg.seed).shuffle(problems)
+        val, train = problems[: cfg.val_size], problems[cfg.val_size:]
+    else:
+        train = parse(rows_of(cfg.train_split), cfg.train_split)
+        val = parse(rows_of(cfg.val_split), cfg.val_split)
+        random.Random(cfg.seed).shuffle(val)
+        val = val[: cfg.val_size]
+    if cfg.train_size:
+        train = train[: cfg.train_size]
+    if not train or not val:
+        raise ValueError(f"task {cfg.name!r}: no usable rows (train {len(train)}, val {len(val)}, skipped {skipped}); "
+                         f"check task.path and the field names")
+    return Task(cfg.name, train, val, skipped)

