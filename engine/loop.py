@@ -202,7 +202,10 @@ def run_train(cfg, run_dir: str | Path) -> dict:
             batch = minibatch(task.train, cfg.rollout.prompts_per_generation, cfg.seed, g)
             result = evaluator.evaluate(genomes, batch, g, sampling_for(g))
             t1 = time.perf_counter()
-            strategy.tell(genomes, result.fitness)
+            if np.isfinite(result.fitness).any():
+                strategy.tell(genomes, result.fitness)
+            else:  # nothing scorable: an update would be meaningless; the next ask re-samples
+                log.warning("gen %d: no candidate could be scored (all fitness NaN); strategy not updated", g)
             t_tell = time.perf_counter() - t1
             fit = result.fitness
             if np.isfinite(fit).any() and np.nanmax(fit) > state.best_fitness:

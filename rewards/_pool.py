@@ -1,20 +1,24 @@
 """A small process pool with a hard time limit per item, for math-verify checks.
 
-Why not `concurrent.futures.ProcessPoolExecutor`: it cannot stop one running task, so a
-single hung sympy call (``5^{5^{5^5}}``) would block a worker for ever and the only way out
-is to tear down the whole executor. Here every worker is a `multiprocessing.Process` with
-its own pipe and at most one task in flight; the parent waits on all pipes and process
-sentinels with `multiprocessing.connection.wait` and a deadline, and a worker past its
-deadline is SIGKILLed and replaced. This works from any thread (no signals in the parent)
-and from inside other worker processes.
+Why not `concurrent.futures.ProcessPoolExecutor` or `multiprocessing`:
 
-Start method: ``forkserver`` where available, with `rewards._verify_impl` preloaded so that a
-replacement worker is a cheap fork of a process that has already imported sympy; otherwise
-``spawn``. Never ``fork``: the parent may hold CUDA contexts and threads (vLLM, torch).
-Workers start lazily, on the first item that needs them; importing `rewards` starts nothing.
-The time limit of an item counts from when it is sent to a ready worker, so worker start-up
-(import of sympy) is never charged to an item. Each worker caps its address space
-(``RLIMIT_AS``) and is recycled after `max_tasks` items to bound sympy's caches.
+- an executor cannot stop one running task, so one hung sympy call (``5^{5^{5^5}}``) blocks
+  a worker for ever, and the only way out is to tear the whole executor down;
+- ``spawn``/``forkserver`` children re-import the caller's ``__main__`` (re-running an
+  unguarded training script in every worker), ``fork`` copies CUDA contexts and threads,
+  and a daemonic process (a `multiprocessing.Pool` worker) may not start children at all.
+
+So each worker is a plain ``python -m rewards._worker`` started with `subprocess.Popen`,
+talking over two private pipes with `multiprocessing.connection` framing, with at most one
+item in flight. The parent waits on all pipes with `multiprocessing.connection.wait` and a
+deadline; a worker past its deadline is SIGKILLed and replaced. No signals are used in the
+parent, so this works from any thread and inside any process.
+
+Workers start lazily, on the first item that needs them; importing `rewards` starts
+nothing. An item's time limit counts from when it is sent to a ready worker, so start-up
+(the sympy import, about a second) is never charged to an item. Each worker caps its
+address space (``RLIMIT_AS``), dies with its parent, and is recycled after `max_tasks`
+items to bound sympy's caches. POSIX only (``pass_fds``).
 
 Statuses returned per item: those of `rewards._verify_impl.verify_pair` plus ``"timeout"``
 (over the limit, or the worker died while checking this item) and ``"error"`` (no worker
@@ -24,75 +28,25 @@ could be started).
 from __future__ import annotations
 
 import atexit
-import multiprocessing as mp
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections import deque
-from multiprocessing.connection import wait
+from multiprocessing.connection import Connection, wait
 
-STARTUP_TIMEOUT_S = 120.0  # seconds a batch waits for a first worker before giving up
-_PRELOAD = ["rewards._verify_impl"]
-
-
-def _limit_memory(limit_bytes: int | None) -> None:
-    if not limit_bytes:
-        return
-    try:
-        import resource
-
-        _, hard = resource.getrlimit(resource.RLIMIT_AS)
-        if hard != resource.RLIM_INFINITY:
-            limit_bytes = min(limit_bytes, hard)
-        resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, hard))
-    except (ImportError, ValueError, OSError):  # not POSIX, or a lower limit is already set
-        pass
-
-
-def worker_main(conn, memory_limit_bytes: int | None) -> None:
-    """Worker loop: receive ``(index, pred, ref)``, answer ``(index, status)``; None stops."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
-    _limit_memory(memory_limit_bytes)
-    try:
-        from rewards import _verify_impl
-    except BaseException as e:  # noqa: BLE001 - report any import failure to the parent
-        conn.send(("fatal", repr(e)))
-        return
-    conn.send(("ready", os.getpid()))
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return
-        if msg is None:
-            return
-        index, pred, ref = msg
-        try:
-            status = _verify_impl.verify_pair(pred, ref)
-        except BaseException:  # noqa: BLE001 - MemoryError, RecursionError, sympy bugs
-            status = "wrong"
-        try:
-            conn.send((index, status))
-        except (OSError, ValueError):
-            return
-
-
-def _context():
-    if "forkserver" in mp.get_all_start_methods():
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(_PRELOAD)  # only used if the fork server is not running yet
-        return ctx
-    return mp.get_context("spawn")
+STARTUP_TIMEOUT_S = 120.0  # seconds a batch waits for a worker before giving up
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class _Worker:
-    __slots__ = ("proc", "conn", "ready", "task", "deadline", "done")
+    __slots__ = ("proc", "send_conn", "recv_conn", "ready", "task", "deadline", "done")
 
-    def __init__(self, proc, conn):
+    def __init__(self, proc: subprocess.Popen, send_conn: Connection, recv_conn: Connection):
         self.proc = proc
-        self.conn = conn
+        self.send_conn = send_conn
+        self.recv_conn = recv_conn
         self.ready = False
         self.task: int | None = None
         self.deadline = 0.0
@@ -116,7 +70,6 @@ class VerifierPool:
         self.n_workers = workers
         self.memory_limit_bytes = memory_limit_bytes
         self.max_tasks = max_tasks
-        self._ctx = None
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
         self._fatal: str | None = None  # why workers cannot start; every item is then "error"
@@ -124,39 +77,59 @@ class VerifierPool:
 
     # -- worker life cycle ------------------------------------------------------------
     def _start(self) -> _Worker:
-        if self._ctx is None:
-            self._ctx = _context()
-        parent, child = self._ctx.Pipe(duplex=True)
-        proc = self._ctx.Process(
-            target=worker_main, args=(child, self.memory_limit_bytes), daemon=True, name="rewards-verifier"
-        )
-        proc.start()
-        child.close()
-        return _Worker(proc, parent)
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = _PACKAGE_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        try:
+            proc = subprocess.Popen(
+                [
+                    sys.executable, "-m", "rewards._worker",
+                    str(to_child_r), str(from_child_w), str(self.memory_limit_bytes or 0), str(os.getpid()),
+                ],
+                pass_fds=(to_child_r, from_child_w),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                env=env,
+                cwd=_PACKAGE_ROOT,
+                close_fds=True,
+            )
+        finally:
+            os.close(to_child_r)
+            os.close(from_child_w)
+        return _Worker(proc, Connection(to_child_w, readable=False), Connection(from_child_r, writable=False))
 
     @staticmethod
     def _stop(w: _Worker, graceful: bool = False) -> None:
-        if graceful and w.proc.is_alive():
+        if graceful and w.proc.poll() is None:
             try:
-                w.conn.send(None)
-                w.proc.join(0.5)
-            except (OSError, ValueError):
+                w.send_conn.send(None)
+                w.proc.wait(0.5)
+            except (OSError, ValueError, subprocess.TimeoutExpired):
                 pass
-        if w.proc.is_alive():
+        if w.proc.poll() is None:
             w.proc.kill()
-        w.proc.join(5.0)
-        w.conn.close()
+        try:
+            w.proc.wait(5.0)
+        except subprocess.TimeoutExpired:
+            pass
+        w.send_conn.close()
+        w.recv_conn.close()
 
     def _replace(self, w: _Worker, graceful: bool = False) -> None:
         self._stop(w, graceful)
         self._workers[self._workers.index(w)] = self._start()
 
     def close(self) -> None:
-        """Stop all workers (they are restarted by the next `map`)."""
+        """Stop all workers (the next `map` starts new ones)."""
         with self._lock:
             for w in self._workers:
                 self._stop(w, graceful=True)
             self._workers = []
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the current workers (for tests and monitoring)."""
+        return [w.proc.pid for w in self._workers]
 
     # -- the batch loop ---------------------------------------------------------------
     def map(self, tasks: list[tuple[str, str]], timeout_s: float) -> list[str]:
@@ -170,83 +143,80 @@ class VerifierPool:
         Returns:
             ``"correct"``, ``"wrong"``, ``"ref_error"``, ``"timeout"`` or ``"error"`` per pair.
         """
-        results: list[str | None] = [None] * len(tasks)
         if not tasks:
             return []
+        results: list[str | None] = [None] * len(tasks)
         with self._lock:
             if self._fatal is not None:
                 return ["error"] * len(tasks)
-            while len(self._workers) < self.n_workers:
-                self._workers.append(self._start())
-            pending = deque(range(len(tasks)))
-            startup_deadline = time.monotonic() + STARTUP_TIMEOUT_S
-            while pending or any(w.task is not None for w in self._workers):
-                now = time.monotonic()
-                for w in list(self._workers):
-                    if w.ready and w.task is None and pending:
-                        i = pending.popleft()
-                        try:
-                            w.conn.send((i, *tasks[i]))
-                        except (OSError, ValueError):
-                            pending.appendleft(i)
-                            self._replace(w)
-                            continue
-                        w.task, w.deadline = i, now + timeout_s
-                busy = [w for w in self._workers if w.task is not None]
-                if busy:
-                    wait_s = max(0.0, min(w.deadline for w in busy) - now)
-                    startup_deadline = now + STARTUP_TIMEOUT_S
-                elif now >= startup_deadline:
-                    for i in pending:
-                        results[i] = "error"
-                    break
-                else:
-                    wait_s = startup_deadline - now
-                handles = [w.conn for w in self._workers] + [w.proc.sentinel for w in self._workers]
-                ready = set(wait(handles, wait_s))
-                for w in list(self._workers):
-                    msg = None
-                    if w.conn in ready:
-                        try:
-                            msg = w.conn.recv()
-                        except (EOFError, OSError):
-                            msg = None
-                    if msg is not None:
-                        if msg[0] == "ready":
-                            w.ready = True
-                        elif msg[0] == "fatal":
-                            self._fatal = str(msg[1])
-                        else:
-                            i, status = msg
-                            if w.task == i:
-                                results[i] = status
-                                w.task = None
-                                w.done += 1
-                                if w.done >= self.max_tasks:
-                                    self._replace(w, graceful=True)
-                        continue
-                    if w.conn in ready or w.proc.sentinel in ready:  # EOF or exit: it died
-                        if w.task is not None:
-                            results[w.task] = "timeout"
-                        elif not w.ready:
-                            self._early_deaths += 1
-                            if self._early_deaths > 3 * self.n_workers:
-                                self._fatal = f"workers exit during start-up (exit code {w.proc.exitcode})"
-                        self._replace(w)
-                if self._fatal is not None:
-                    for i in list(pending) + [w.task for w in self._workers if w.task is not None]:
-                        results[i] = "error"
-                    for w in self._workers:
-                        self._stop(w)
-                    self._workers = []
-                    break
-                now = time.monotonic()
-                for w in list(self._workers):
-                    if w.task is not None and now >= w.deadline:
-                        results[w.task] = "timeout"
-                        w.task = None
-                        self._replace(w)
+            try:
+                while len(self._workers) < self.n_workers:
+                    self._workers.append(self._start())
+            except OSError as e:  # cannot start processes here at all
+                self._fatal = f"cannot start a verifier worker: {e!r}"
+                return ["error"] * len(tasks)
+            self._run(tasks, timeout_s, results)
         return [r if r is not None else "error" for r in results]
+
+    def _run(self, tasks: list[tuple[str, str]], timeout_s: float, results: list[str | None]) -> None:
+        pending = deque(range(len(tasks)))
+        startup_deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while pending or any(w.task is not None for w in self._workers):
+            now = time.monotonic()
+            for w in list(self._workers):
+                if w.ready and w.task is None and pending:
+                    i = pending.popleft()
+                    try:
+                        w.send_conn.send((i, *tasks[i]))
+                    except (OSError, ValueError):  # it died while idle
+                        pending.appendleft(i)
+                        self._replace(w)
+                        continue
+                    w.task, w.deadline = i, now + timeout_s
+            busy = [w for w in self._workers if w.task is not None]
+            if busy:
+                wait_s = max(0.0, min(w.deadline for w in busy) - now)
+                startup_deadline = now + STARTUP_TIMEOUT_S
+            elif now >= startup_deadline:
+                return  # no worker became ready: the rest stay None -> "error"
+            else:
+                wait_s = startup_deadline - now
+            readable = set(wait([w.recv_conn for w in self._workers], wait_s))
+            for w in list(self._workers):
+                if w.recv_conn not in readable:
+                    continue
+                try:
+                    msg = w.recv_conn.recv()
+                except (EOFError, OSError):  # it exited
+                    if w.task is not None:
+                        results[w.task] = "timeout"
+                    elif not w.ready:
+                        self._early_deaths += 1
+                        if self._early_deaths > 3 * self.n_workers:
+                            self._fatal = f"verifier workers exit during start-up (exit code {w.proc.poll()})"
+                    self._replace(w)
+                    continue
+                if msg[0] == "ready":
+                    w.ready = True
+                elif msg[0] == "fatal":
+                    self._fatal = f"verifier worker cannot import math-verify: {msg[1]}"
+                elif w.task == msg[0]:
+                    results[msg[0]] = msg[1]
+                    w.task = None
+                    w.done += 1
+                    if w.done >= self.max_tasks:
+                        self._replace(w, graceful=True)
+            if self._fatal is not None:
+                for w in self._workers:
+                    self._stop(w)
+                self._workers = []
+                return
+            now = time.monotonic()
+            for w in list(self._workers):
+                if w.task is not None and now >= w.deadline:
+                    results[w.task] = "timeout"
+                    w.task = None
+                    self._replace(w)
 
 
 _POOLS: dict[tuple[int, int | None], VerifierPool] = {}
@@ -272,7 +242,7 @@ def shutdown() -> None:
 
 
 def _forget_after_fork() -> None:
-    # A forked child must not talk to its parent's workers: start from no pools.
+    # A forked child must not talk to its parent's workers: it starts from no pools.
     global _POOLS_LOCK
     _POOLS.clear()
     _POOLS_LOCK = threading.Lock()

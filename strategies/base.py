@@ -51,7 +51,9 @@ def rank_nan_last(fitness: np.ndarray) -> np.ndarray:
     """
     f = np.array(fitness, dtype=np.float64, copy=True)
     if np.any(np.isposinf(f)):
-        raise ValueError("fitness contains +inf; fitness must be finite or NaN (failed candidate) - fix the reward/aggregation")
+        raise ValueError(
+            "fitness contains +inf; fitness must be finite or NaN (failed candidate) - fix the reward/aggregation"
+        )
     failed = ~np.isfinite(f)
     if failed.all():
         f[:] = 0.0
@@ -59,6 +61,10 @@ def rank_nan_last(fitness: np.ndarray) -> np.ndarray:
         lo, hi = f[~failed].min(), f[~failed].max()
         f[failed] = lo - 1.0 - (hi - lo)
     return f
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 class Strategy(abc.ABC):
@@ -97,9 +103,9 @@ class Strategy(abc.ABC):
                 f"unknown option(s) for strategy {type(self).__name__}: {', '.join(sorted(options))}; "
                 "remove them from the strategy config"
             )
-        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
+        if not _is_int(dim) or dim < 1:
             raise ValueError(f"strategy dim must be an integer >= 1 (got {dim!r}); it is the genome codec's .dim")
-        if isinstance(population_size, bool) or not isinstance(population_size, (int, np.integer)) or population_size < 2:
+        if not _is_int(population_size) or population_size < 2:
             raise ValueError(
                 f"strategy.population_size must be >= 2 (got {population_size!r}); ESSA uses 24-96"
             )
@@ -189,9 +195,13 @@ class Strategy(abc.ABC):
         fitness = np.asarray(fitness, dtype=np.float64)
         P, D = self.population_size, self.dim
         if genomes.shape != (P, D):
-            raise ValueError(f"tell: genomes have shape {genomes.shape}, expected ({P}, {D}); pass the array from ask()")
+            raise ValueError(
+                f"tell: genomes have shape {genomes.shape}, expected ({P}, {D}); pass the array from ask()"
+            )
         if fitness.shape != (P,):
-            raise ValueError(f"tell: fitness has shape {fitness.shape}, expected ({P},); aggregate rewards to one value per candidate")
+            raise ValueError(
+                f"tell: fitness has shape {fitness.shape}, expected ({P},); aggregate rewards to one value per candidate"
+            )
         finite = np.isfinite(fitness)
         if not finite.any():
             raise ValueError(
@@ -233,7 +243,9 @@ class Strategy(abc.ABC):
         """
         cls = f"{type(self).__module__}.{type(self).__qualname__}"
         if state.get("class") != cls:
-            raise ValueError(f"load_state_dict: state is for {state.get('class')!r}, this is {cls!r}; build the same strategy")
+            raise ValueError(
+                f"load_state_dict: state is for {state.get('class')!r}, this is {cls!r}; build the same strategy"
+            )
         for field in ("dim", "population_size"):
             if state[field] != getattr(self, field):
                 raise ValueError(

@@ -145,7 +145,11 @@ class SepCMAES(CMAES):
         ValueError: if ``diagonal`` is given as anything but True.
     """
 
-    def __init__(self, dim: int, x0: np.ndarray | None, seed: int, population_size: int, sigma0: float, **options: Any) -> None:
+    def __init__(
+        self, dim: int, x0: np.ndarray | None, seed: int, population_size: int, sigma0: float, **options: Any
+    ) -> None:
         if options.setdefault("diagonal", True) is not True:
-            raise ValueError("sep_cma is always diagonal; use strategy=cma_es with strategy.diagonal=false for full covariance")
+            raise ValueError(
+                "sep_cma is always diagonal; use strategy=cma_es with strategy.diagonal=false for full covariance"
+            )
         super().__init__(dim, x0, seed, population_size, sigma0, **options)

@@ -49,7 +49,9 @@ __all__ = [
 LoRAState = dict[str, torch.Tensor]
 
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
-_KEY = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj)\.lora_(A|B)\.weight$")
+_KEY = re.compile(
+    r"^base_model\.model\.model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj)\.lora_(A|B)\.weight$"
+)
 
 
 def lora_key(layer: int, module: str, factor: Literal["A", "B"]) -> str:
@@ -71,7 +73,10 @@ def canonical_keys(lora: LoRAState) -> list[str]:
     for key in lora:
         m = _KEY.match(key)
         if m is None:
-            raise ValueError(f"LoRA key {key!r} is not 'base_model.model.model.layers.{{l}}.self_attn.{{q,k,v,o}}_proj.lora_{{A,B}}.weight'")
+            raise ValueError(
+                f"LoRA key {key!r} is not "
+                "'base_model.model.model.layers.{l}.self_attn.{q,k,v,o}_proj.lora_{A,B}.weight'"
+            )
         parsed[key] = (int(m.group(1)), MODULES.index(m.group(2)), m.group(3))
     keys = sorted(lora, key=lambda k: parsed[k])
     ranks = set()
@@ -85,7 +90,9 @@ def canonical_keys(lora: LoRAState) -> list[str]:
         if factor == "A":
             r_a, r_b = lora[key].shape[0], lora[other].shape[1]
             if r_a != r_b:
-                raise ValueError(f"LoRA rank mismatch at layer {layer} {MODULES[mod]}: A has {r_a} rows, B has {r_b} columns")
+                raise ValueError(
+                    f"LoRA rank mismatch at layer {layer} {MODULES[mod]}: A has {r_a} rows, B has {r_b} columns"
+                )
             ranks.add(r_a)
     if len(ranks) != 1:
         raise ValueError(f"LoRA ranks differ between modules ({sorted(ranks)}); genome codecs need one rank r")
@@ -153,7 +160,10 @@ class GenomeCodec(abc.ABC):
     def _check_lora(self, lora: LoRAState) -> None:
         keys = canonical_keys(lora)
         if keys != self.keys or any(tuple(lora[k].shape) != self.shapes[k] for k in keys):
-            raise ValueError(f"LoRA state does not match this {type(self).__name__}'s keys/shapes; encode adapters of the same model and rank")
+            raise ValueError(
+                f"LoRA state does not match this {type(self).__name__}'s keys/shapes; "
+                "encode adapters of the same model and rank"
+            )
 
 
 class SVDLoRAGenome(GenomeCodec):
@@ -233,7 +243,9 @@ class SVDLoRAGenome(GenomeCodec):
                 u = _complete_basis(u[:, ~null], r, rng)
                 vh = _complete_basis(vh[~null].T, r, rng).T
                 zero_top += int(null[:k].sum())
-            us.append(u), ss.append(s), vhs.append(vh)
+            us.append(u)
+            ss.append(s)
+            vhs.append(vh)
         if mode == "relative" and zero_top:
             warnings.warn(
                 f"SVDLoRAGenome(mode='relative'): {zero_top} of the searched singular values are zero (e.g. B = 0 "
@@ -252,7 +264,7 @@ class SVDLoRAGenome(GenomeCodec):
                     np.array(idx),
                     torch.from_numpy(np.stack([us[i] for i in idx])).to(torch.float32),  # (G, m, r)
                     torch.from_numpy(np.stack([vhs[i] for i in idx])).to(torch.float32),  # (G, r, n)
-                    shape[0] <= shape[1],  # scale the (smaller) left factor's rows or right factor's columns
+                    shape[0] <= shape[1],  # True: U @ (s Vh) (A factors); False: (U s) @ Vh (B factors)
                 )
             )
         self._u = us

@@ -104,13 +104,6 @@ def stack_b(lora_b: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Ten
     return b.transpose(1, 2).reshape(b.shape[0] * b.shape[2], b.shape[1])
 
 
-def _masked_shrink(x: torch.Tensor, a_all: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """(T, in) @ (L*r, in)^T, masked per token: (T, L*r) with only slot idx[t]'s r columns."""
-    t, l = mask.shape
-    s = torch.mm(x, a_all.t())  # (T, L*r)
-    return (s.view(t, l, -1) * mask.view(t, l, 1)).view(t, -1)
-
-
 def _write_rows(out: torch.Tensor, new: torch.Tensor, valid: torch.Tensor, add: bool) -> None:
     """``out += new`` (add) or ``out[valid] = new[valid]`` (assign); -1 rows stay untouched.
 
@@ -148,8 +141,11 @@ def bgmv_shrink(inputs: torch.Tensor, lora_a_weights: torch.Tensor, output_tenso
     a = _as_3d(lora_a_weights)
     L, r = a.shape[0], a.shape[1]
     idx = lora_indices_tensor
-    s = _masked_shrink(inputs.to(dt), stack_a(a, dt), onehot_mask(idx, L, dt, scaling))
-    s = s.view(-1, L, r).sum(1)  # only slot idx[t] is non-zero: the sum selects it exactly
+    t = inputs.shape[0]
+    s = torch.mm(inputs.to(dt), stack_a(a, dt).t()).view(t, L, r)  # every slot at once
+    s = s[torch.arange(t, device=idx.device), idx.clamp_min(0)]  # (T, r): each token's slot
+    if scaling != 1.0:
+        s = s * scaling
     _write_rows(output_tensor[:, :r], s, idx >= 0, add=False)
 
 

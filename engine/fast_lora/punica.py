@@ -1,0 +1,149 @@
+"""``FastPunicaWrapperCPU``: vLLM's CPU punica wrapper with the stacked-GEMM kernels of ``ops``.
+
+vLLM routes every LoRA layer's work through one punica wrapper per model, picked by
+``current_platform.get_punica_wrapper()`` (a qualified class name). The plugin
+(``engine.fast_lora.plugin``) points the CPU platform at this class; nothing else in vLLM changes.
+
+What is overridden (vLLM 0.32.0, ``vllm/lora/punica_wrapper/punica_cpu.py``):
+
+- ``update_metadata``: also invalidates the stacked-weight cache when the slot layout changes and
+  drops the per-step token mask.
+- ``add_lora_linear`` (every q/k/v/o and MLP LoRA layer): one shrink GEMM for all slices and all
+  slots, a per-token mask, one expand GEMM per slice (:func:`engine.fast_lora.ops.lora_linear`)
+  instead of 2 x n gather-and-einsum calls.
+- ``add_shrink``, ``add_expand``, ``add_lora_embedding``, ``add_lora_logits``: the drop-in
+  ``bgmv_*`` kernels of ``ops`` with per-token indices (prefill and decode alike: vLLM's v1
+  runner always marks batches as prefill on CPU, and the per-token ids equal the exploded
+  per-sequence ids the reference ``sgmv_*`` ops build).
+
+``apply_lora_full_linear`` (classification heads) stays vLLM's.
+
+Importing this module imports vLLM; the plugin imports it only inside engine processes.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
+
+from . import ops
+
+
+def _compiling() -> bool:
+    """True while torch.compile traces (Python-side caches must not be used then)."""
+    try:
+        return torch.compiler.is_compiling()
+    except AttributeError:  # pragma: no cover - old torch
+        return False
+
+
+class FastPunicaWrapperCPU(PunicaWrapperCPU):
+    """Punica wrapper for vLLM's CPU back-end that runs multi-LoRA as stacked GEMMs.
+
+    Same constructor and public methods as ``PunicaWrapperCPU``; outputs agree with vLLM's torch
+    reference ops up to summation order, except that a token with no adapter (slot id -1) gets no
+    LoRA delta, as on vLLM's GPU kernels (the 0.32 torch ops apply the last slot's adapter to it).
+    """
+
+    def __init__(self, max_num_batched_tokens: int, max_batches: int, device: torch.device | str, **kwargs):
+        super().__init__(max_num_batched_tokens, max_batches, device, **kwargs)
+        self._stacked = ops.StackedLoRACache()
+        self._slot_layout: tuple | None = None
+        self._masks: dict[tuple, torch.Tensor] = {}
+
+    # -- metadata ------------------------------------------------------------------------------
+
+    def update_metadata(self, mapping, lora_index_to_id: list[int | None], max_loras: int,
+                        vocab_size: int, **kwargs) -> None:
+        """vLLM's metadata update, plus cache invalidation when adapters moved between slots."""
+        super().update_metadata(mapping, lora_index_to_id, max_loras, vocab_size, **kwargs)
+        layout = tuple(lora_index_to_id)
+        if layout != self._slot_layout:
+            self._stacked.invalidate()
+            self._slot_layout = layout
+        self._masks.clear()
+
+    def _skip(self) -> bool:
+        """The whole batch is on the base model (vLLM's own early exit in prefill mode)."""
+        return self.is_prefill and self.no_lora
+
+    def _mask(self, num_slots: int, dtype: torch.dtype, scale: float) -> torch.Tensor:
+        """(T, L) token->slot mask of this step (cached across the model's layers)."""
+        if _compiling():
+            return ops.onehot_mask(self.token_lora_indices, num_slots, dtype, scale)
+        key = (num_slots, dtype, float(scale))
+        m = self._masks.get(key)
+        if m is None:
+            m = self._masks[key] = ops.onehot_mask(self.token_lora_indices, num_slots, dtype, scale)
+        return m
+
+    # -- LoRA entry points ---------------------------------------------------------------------
+
+    def add_lora_linear(self, y: torch.Tensor, x: torch.Tensor, lora_a_stacked: tuple[torch.Tensor, ...],
+                        lora_b_stacked: tuple[torch.Tensor, ...], scale: float,
+                        output_slices: tuple[int, ...], *, buffer: tuple[torch.Tensor, ...] | None = None,
+                        **kwargs: Any) -> None:
+        """``y[:, slice_i] += scale * x @ A_i[idx]^T @ B_i[idx]^T`` for every slice i, in place.
+
+        Args:
+            y: (T, sum(output_slices)) layer output (or (1, T, .)).
+            x: (T, in) layer input (or (1, T, in)).
+            lora_a_stacked: n tensors (L, 1, r, in); lora_b_stacked: n tensors (L, 1, o_i, r).
+            scale: multiplies the delta (vLLM passes 1.0; the LoRA scaling is folded into B).
+            output_slices: (o_1, ..., o_n).
+            buffer: accepted for signature compatibility and not used (the fused kernel keeps its
+                intermediate in ``x``'s dtype instead of a float32 buffer).
+        """
+        assert len(lora_a_stacked) == len(lora_b_stacked) == len(output_slices)
+        if self._skip():
+            return
+        x2 = x.reshape(-1, x.shape[-1])
+        y2 = y.view(-1, y.shape[-1])
+        if _compiling():
+            a_all, b_all = ops.build_stacked(lora_a_stacked, lora_b_stacked, x2.dtype)
+        else:
+            a_all, b_all = self._stacked.get(lora_a_stacked, lora_b_stacked, x2.dtype)
+        mask = self._mask(lora_a_stacked[0].shape[0], x2.dtype, scale)
+        ops.lora_linear(y2, x2, a_all, b_all, mask, output_slices)
+
+    def add_shrink(self, y, x: torch.Tensor, lora_a_stacked: tuple[torch.Tensor, ...], scale: float,
+                   **kwargs: Any) -> None:
+        """``y[i][t] = scale * x[t] @ A_i[idx[t]]^T`` per slice i (rows with idx -1 untouched)."""
+        if self._skip():
+            return
+        x = x.view(-1, x.shape[-1])
+        for i, a in enumerate(lora_a_stacked):
+            yi = y[i]
+            ops.bgmv_shrink(x, a, yi.view(-1, yi.shape[-1]), self.token_lora_indices, scale)
+
+    def add_expand(self, y: torch.Tensor, x, lora_b_stacked: tuple[torch.Tensor, ...],
+                   output_slices: tuple[int, ...], offset_start: int = 0, add_inputs=True,
+                   **kwargs: Any) -> None:
+        """``y[:, off_i:off_i+o_i] (+)= x[i] @ B_i[idx]^T`` per slice i (rows with idx -1 untouched)."""
+        if self._skip():
+            return
+        y2 = y.view(-1, y.shape[-1])
+        off = offset_start
+        for i, b in enumerate(lora_b_stacked):
+            ops.bgmv_expand_slice(x[i], b, y2, self.token_lora_indices, off, output_slices[i], add_inputs)
+            off += output_slices[i]
+
+    def add_lora_embedding(self, y: torch.Tensor, x: torch.Tensor, lora_b_stacked: torch.Tensor,
+                           add_inputs: bool = True, **kwargs: Any) -> None:
+        """``y (+)= x @ B[idx]^T`` for the embedding layer's LoRA (expand only)."""
+        if self._skip():
+            return
+        ops.bgmv_expand(x, lora_b_stacked, y, self.token_lora_indices, add_inputs)
+
+    def add_lora_logits(self, y: torch.Tensor, x: torch.Tensor, lora_a_stacked: torch.Tensor,
+                        lora_b_stacked: torch.Tensor, scale, *, buffer: torch.Tensor | None = None,
+                        **kwargs: Any) -> None:
+        """``y += (scale * x @ A[idx]^T) @ B[idx]^T`` per request (LM-head LoRA, sampler ids)."""
+        y2 = y.view(-1, y.shape[-1])
+        x2 = x.view(-1, x.shape[-1])
+        r = lora_b_stacked.size(-1)
+        if buffer is None:
+            buffer = torch.zeros((x2.size(0), r), dtype=torch.float32, device=x2.device)
+        ops.bgmv_shrink(x2, lora_a_stacked, buffer, self.sampler_indices, scale)
+        ops.bgmv_expand(buffer, lora_b_stacked, y2, self.sampler_indices, add_inputs=True)

@@ -1,0 +1,78 @@
+"""Entry point of one verifier worker process: ``python -m rewards._worker IN OUT MEM PPID``.
+
+The parent (`rewards._pool`) starts it with `subprocess.Popen` and two private pipes (file
+descriptors IN and OUT, passed with ``pass_fds``); messages are `multiprocessing.connection`
+frames. Receives ``(index, pred, ref)`` and answers ``(index, status)``; ``None`` or EOF
+stops it. The worker caps its address space at MEM bytes (0: no cap) and asks Linux to kill
+it when its parent dies (``PR_SET_PDEATHSIG``), so a worker stuck in a huge sympy
+computation cannot outlive the run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from multiprocessing.connection import Connection
+
+
+def _die_with_parent(ppid: int) -> None:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):  # not Linux
+        pass
+    if os.getppid() != ppid:  # the parent died before prctl took effect
+        os._exit(0)
+
+
+def _limit_memory(limit_bytes: int) -> None:
+    if limit_bytes <= 0:
+        return
+    try:
+        import resource
+
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if hard != resource.RLIM_INFINITY:
+            limit_bytes = min(limit_bytes, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
+def main(argv: list[str]) -> int:
+    """Run the worker loop; returns the exit code."""
+    fd_in, fd_out, mem, ppid = (int(a) for a in argv[1:5])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
+    _die_with_parent(ppid)
+    _limit_memory(mem)
+    conn_in = Connection(fd_in, writable=False)
+    conn_out = Connection(fd_out, readable=False)
+    try:
+        from rewards import _verify_impl
+    except BaseException as e:  # noqa: BLE001 - report any import failure to the parent
+        conn_out.send(("fatal", repr(e)))
+        return 1
+    conn_out.send(("ready", os.getpid()))
+    while True:
+        try:
+            msg = conn_in.recv()
+        except (EOFError, OSError):
+            return 0
+        if msg is None:
+            return 0
+        index, pred, ref = msg
+        try:
+            status = _verify_impl.verify_pair(pred, ref)
+        except BaseException:  # noqa: BLE001 - MemoryError, RecursionError, sympy bugs
+            status = "wrong"
+        try:
+            conn_out.send((index, status))
+        except (OSError, ValueError):
+            return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

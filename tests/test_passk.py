@@ -1,0 +1,83 @@
+"""pass@k estimator (engine/passk.py) against brute-force enumeration of k-subsets (Chen et al. 2021, Eq. 1)."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from engine.passk import check_ks, default_ks, pass_at_k, pass_at_k_table
+
+
+def brute_force(n: int, c: int, k: int) -> float:
+    """Fraction of the C(n, k) subsets of k samples that contain at least one correct sample."""
+    samples = [1] * c + [0] * (n - c)
+    subsets = list(itertools.combinations(range(n), k))
+    return sum(any(samples[i] for i in s) for s in subsets) / len(subsets)
+
+
+@pytest.mark.parametrize("n", range(1, 11))
+def test_matches_brute_force_for_every_c_and_k(n):
+    for c in range(n + 1):
+        for k in range(1, n + 1):
+            assert pass_at_k(n, c, k) == pytest.approx(brute_force(n, c, k), abs=1e-12), (n, c, k)
+
+
+def test_vectorised_over_problems_with_different_n():
+    n = np.array([4, 8, 8, 10, 3])
+    c = np.array([0, 1, 8, 3, 2])
+    got = pass_at_k(n, c, 3)
+    want = [brute_force(int(a), int(b), 3) for a, b in zip(n, c)]
+    assert got.shape == (5,)
+    np.testing.assert_allclose(got, want, atol=1e-12)
+
+
+def test_matches_exact_binomials_at_n_256():
+    # pass@256 as reported by F-GRPO (arXiv 2602.06717): exact integers vs the stable product.
+    n = 256
+    for c in (0, 1, 2, 17, 128, 255, 256):
+        for k in (1, 2, 16, 64, 200, 256):
+            exact = 1 - math.comb(n - c, k) / math.comb(n, k)
+            assert pass_at_k(n, c, k) == pytest.approx(exact, rel=1e-10, abs=1e-15), (c, k)
+
+
+def test_special_cases():
+    assert pass_at_k(10, 0, 5) == 0.0            # nothing correct
+    assert pass_at_k(10, 10, 1) == 1.0           # everything correct
+    assert pass_at_k(10, 3, 1) == pytest.approx(0.3)   # pass@1 = c / n
+    assert pass_at_k(10, 6, 5) == 1.0            # n - c < k: every subset holds a correct one
+    tiny = pass_at_k(256, 1, 1)                  # small values keep relative precision
+    assert tiny == pytest.approx(1 / 256, rel=1e-13)
+
+
+def test_monotone_in_k():
+    n, c = 64, np.arange(0, 65)
+    prev = np.zeros(65)
+    for k in range(1, 65):
+        cur = pass_at_k(n, c, k)
+        assert np.all(cur >= prev - 1e-15)
+        prev = cur
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="exceeds"):
+        pass_at_k(4, 1, 5)                       # k > n
+    with pytest.raises(ValueError, match="0 <= c <= n"):
+        pass_at_k(4, 5, 1)                       # c > n
+    with pytest.raises(ValueError, match="positive integer"):
+        pass_at_k(4, 1, 0)                       # k < 1
+    with pytest.raises(ValueError, match="exceeds"):
+        pass_at_k([8, 2], [1, 1], 4)             # one problem has too few samples
+
+
+def test_table_and_ks():
+    table = pass_at_k_table([4, 4], [0, 2], [1, 2, 4])
+    assert table == pytest.approx({1: 0.25, 2: (0 + 5 / 6) / 2, 4: 0.5})
+    assert default_ks(1) == [1]
+    assert default_ks(8) == [1, 2, 4, 8]
+    assert default_ks(12) == [1, 2, 4, 8, 12]
+    assert default_ks(256)[-1] == 256
+    assert check_ks([4, 1, 2, 2], 4) == [1, 2, 4]
+    with pytest.raises(ValueError, match="ks="):
+        check_ks([1, 8], 4)
