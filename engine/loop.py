@@ -140,7 +140,7 @@ def run_train(cfg, run_dir: str | Path) -> dict:
         _truncate_logs(run_dir, state.generation)
     run_dir.mkdir(parents=True, exist_ok=True)
 
-    t_start = time.perf_counter() - state.wall_s
+    strategy_cls = get_strategy(cfg.strategy._target_ or cfg.strategy.name)  # fail fast, before SFT
     model_path = resolve_model_path(cfg.model.path)
     task: Task = load_task(cfg.task)
     if task.skipped:
@@ -150,7 +150,6 @@ def run_train(cfg, run_dir: str | Path) -> dict:
     sft_dir = warm_start(model_path, task.train, cfg.sft, cfg.lora, cfg.task.system_prompt)
     lora, _ = read_adapter(sft_dir)
     codec = make_genome(cfg.strategy.genome.kind, lora, **_genome_kwargs(cfg))
-    strategy_cls = get_strategy(cfg.strategy._target_ or cfg.strategy.name)
     strategy = strategy_cls(dim=codec.dim, x0=codec.x0(), seed=cfg.seed,
                             population_size=cfg.strategy.population_size, sigma0=cfg.strategy.sigma0,
                             **OmegaConf.to_container(cfg.strategy.options, resolve=True))
@@ -171,6 +170,9 @@ def run_train(cfg, run_dir: str | Path) -> dict:
     sampling_for = lambda g: Sampling(max_tokens=cfg.rollout.max_tokens, temperature=cfg.rollout.temperature,  # noqa: E731
                                       top_p=cfg.rollout.top_p, n=cfg.rollout.samples_per_prompt,
                                       seed=cfg.seed * 1_000_003 + g * 10_007)
+    # The run clock (wall_s) starts here: one-off set-up (model conversion, SFT warm start, engine
+    # start-up) is excluded, the same convention as the GRPO baseline (engine/grpo.py).
+    t_start = time.perf_counter() - state.wall_s
     metrics = io.read_rows(run_dir / "metrics.parquet")
     vrows = io.read_rows(run_dir / "validation.parquet")
     P = cfg.strategy.population_size

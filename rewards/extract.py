@@ -50,7 +50,6 @@ _MAX_UNWRAP = 4  # \boxed{\boxed{...}} depth that is unwrapped
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])\s*")
 _BRACE_RE = re.compile(r"\\.|[{}]", re.S)  # an escaped character (skipped) or a brace
 _BOX_TOKEN_RE = re.compile(r"[^\s${}\\]+")  # `\boxed 5` form: one bare token
-_HASH_RE = re.compile(r"####[ \t]*([^\n]*)")
 _PHRASE_RE = re.compile(
     r"(?i)\b(?:final\s+answer(?:\s+is)?\s*[:=]?|answer\s+is\s*:?|answer\s*[:=])[ \t]*"
 )
@@ -282,9 +281,10 @@ def extract(text: str, lenient: bool = False) -> Extraction:
     if boxes:
         answers = _dedupe([a for a in (unwrap(b) for b in boxes) if a])
         return Extraction(answers, "boxed")
-    hashes = list(_HASH_RE.finditer(body))
-    if hashes:
-        ans = unwrap(hashes[-1].group(1))
+    hash_at = body.rfind("####")
+    if hash_at >= 0:
+        line_end = body.find("\n", hash_at)
+        ans = unwrap(body[hash_at + 4:] if line_end < 0 else body[hash_at + 4:line_end])
         if not ans:
             return Extraction(source="hash", truncated=True)
         return Extraction((ans,), "hash")

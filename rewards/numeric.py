@@ -34,7 +34,7 @@ _ROUND = 10**6  # 6 decimal places, math-verify's float_rounding default
 _WRAP_RE = re.compile(
     r"\\(?:text|textbf|textit|textrm|textnormal|mathrm|mathbf|mathit|mbox|operatorname)\s*\{([^{}]*)\}"
 )
-_SPACE_RE = re.compile(r"\\[!,;: ]|\\q?quad(?![A-Za-z])|~|\\(?:left|right)(?![A-Za-z])|\\displaystyle")
+_SPACE_RE = re.compile(r"\\[;: ]|\\q?quad(?![A-Za-z])|~|\\(?:left|right)(?![A-Za-z])|\\displaystyle")
 _DEGREE_RE = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|\\degree|°")
 _RELATION_RE = re.compile(r"\\(?:le|ge|ne|leq|geq|neq|lt|gt|approx|sim)(?![A-Za-z])|[<>≤≥≠≈]")
 _NUM = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|\.\d+"
@@ -77,6 +77,7 @@ def _clean(s: str) -> str:
     """Remove LaTeX spacing, wrappers, degree marks and escaped ``$``/``%`` signs."""
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     s = s.replace("{,}", ",").replace("\\%", "%").replace("\\$", "$").replace("−", "-")
+    s = s.replace("\\!", "").replace("\\,", "")  # thin spaces: `10,\!080`, `1\,000`
     s = _SPACE_RE.sub(" ", s)
     for _ in range(3):
         s2 = _WRAP_RE.sub(lambda m: " " + m.group(1) + " ", s)
@@ -171,7 +172,9 @@ def numbers_equal(ref: Number, pred: Number) -> bool:
     return False
 
 
-_TEXT_REF_RE = re.compile(r"\s*\\text(?:bf|rm|normal)?\s*\{([^{}\\]*)\}\s*|[A-Za-z][A-Za-z ,'\-]*[A-Za-z]")
+_TEXT_REF_RE = re.compile(
+    r"\s*\\text(?:bf|rm|normal)?\s*\{[^{}\\\d]*[A-Za-z][^{}\\\d]*\}\s*|[A-Za-z][A-Za-z ,'\-]*[A-Za-z]"
+)  # `\text{...}` with a letter and no digit, or plain words
 _TEXT_KEY_DROP_RE = re.compile(r"[\s()\[\].,;:!'\"*\-]")
 
 

@@ -1,0 +1,425 @@
+"""``essa eval``: greedy accuracy, avg@n and pass@k of a base model with and without PEFT adapters.
+
+Conditions are the base model (``no_adapter``, unless ``include_base=false``) and every adapter
+named in ``adapters`` (an adapter directory, or a run directory whose ``adapters/mean`` and
+``adapters/best`` are taken). Each pass puts every (condition, problem) request into ONE multi-LoRA
+vLLM batch (the same engine and reward as training, engine/backends/vllm_local.py, rewards/):
+
+1. greedy (temperature 0, one completion per problem) -> greedy accuracy;
+2. when ``n > 1``: n samples per problem at ``temperature`` -> avg@n (mean accuracy over the
+   samples) and pass@k for every k in ``ks`` with the unbiased estimator of Chen et al. 2021
+   (arXiv 2107.03374, Eq. 1; engine/passk.py). F-GRPO (arXiv 2602.06717) reports pass@256 this way.
+
+A sample counts as solved when its reward status is ``correct``; ``timeout`` (the completion made the
+checker hang) counts as unsolved; ``error`` (the reference cannot be scored) is left out of n, never
+scored 0 (docs/ARCHITECTURE.md).
+
+Outputs in the run directory (Hydra's, or ``output_dir``):
+
+| file | content |
+|---|---|
+| ``eval_problems.parquet`` | one row per (condition, problem): ``problem_id, condition, adapter, reference, greedy_correct, greedy_status, greedy_extracted, greedy_tokens, n, n_correct, n_error, extracted, statuses, mean_tokens`` |
+| ``eval_summary.json`` | settings and, per condition, ``greedy_accuracy, avg_at_n, pass_at_k {k: value}, n_problems`` |
+| ``eval_samples.parquet`` | with ``save_completions=true``: one row per completion |
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List, Optional, Sequence
+
+import numpy as np
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+from . import io
+from .backends import AdapterRef, Sampling, lora_int_id
+from .config import ConfigError, EngineConfig, ModelConfig, RewardConfig, TaskConfig
+from .passk import check_ks, default_ks, pass_at_k_table
+from .prompts import build_prompt
+from .tasks import Problem, load_task
+
+log = logging.getLogger("essa.eval")
+
+BASE = "no_adapter"
+
+
+@dataclass
+class EvalCommandConfig:
+    """``essa eval`` (conf/eval.yaml).
+
+    adapters: adapter directories and/or run directories (a run dir gives ``adapters/mean`` and
+      ``adapters/best``); a single path, a list, or ``none``/``null``/``[]`` for the base model only.
+    include_base: also evaluate the base model without an adapter (condition ``no_adapter``).
+    split: ``val`` (the task's held-out rows, ``task.val_size`` of them) or ``train``.
+    limit: at most this many problems of the split (0 = all).
+    n: samples per problem at ``temperature`` (1 = greedy only; F-GRPO uses 256).
+    temperature, top_p: decoding of the sampled pass (the greedy pass always uses temperature 0).
+    ks: pass@k for these k, each in [1, n]; null = 1, 2, 4, ... up to n, plus n.
+    max_tokens: new tokens per completion.
+    seed: sampling seed (request i of a pass uses seed + i).
+    lora_rank: the engine's max_lora_rank; null = largest ``r`` among the adapters' adapter_config.json.
+    output_dir: where results go; null = Hydra's run directory.
+    save_completions: also write ``eval_samples.parquet`` (one row per completion; large for big n).
+    label: name shown in reports; null = model and task.
+    """
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    adapters: Any = field(default_factory=list)
+    include_base: bool = True
+    split: str = "val"
+    limit: int = 0
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    ks: Optional[List[int]] = None
+    max_tokens: int = 256
+    seed: int = 0
+    lora_rank: Optional[int] = None
+    output_dir: Optional[str] = None
+    save_completions: bool = False
+    label: Optional[str] = None
+
+
+def register_eval_config() -> None:
+    """Register ``eval_schema`` (the defaults-list head of conf/eval.yaml) with Hydra's ConfigStore."""
+    ConfigStore.instance().store(name="eval_schema", node=EvalCommandConfig)
+
+
+# --- conditions --------------------------------------------------------------------------------
+
+def _adapter_specs(spec) -> list[str]:
+    if spec is None:
+        return []
+    if OmegaConf.is_config(spec):
+        spec = OmegaConf.to_container(spec, resolve=True)
+    if isinstance(spec, (str, Path)):
+        spec = [spec]
+    out = [str(s).strip() for s in spec]
+    return [s for s in out if s and s.lower() not in ("none", "null")]
+
+
+def _is_adapter_dir(p: Path) -> bool:
+    return (p / "adapter_config.json").is_file()
+
+
+def resolve_conditions(spec, include_base: bool = True) -> dict[str, Path | None]:
+    """Condition name -> adapter directory (None = base model), in evaluation order.
+
+    Names: ``no_adapter`` for the base model; ``mean``/``best`` for a run directory's exports
+    (prefixed ``<run dir name>/`` when several sources are given); the directory name otherwise.
+
+    Raises:
+        FileNotFoundError: a path that is neither a PEFT adapter nor a run dir with adapters/.
+        ConfigError: nothing to evaluate.
+    """
+    entries = _adapter_specs(spec)
+    conds: dict[str, Path | None] = {BASE: None} if include_base else {}
+
+    def add(name: str, path: Path) -> None:
+        base, i = name, 2
+        while name in conds:
+            name, i = f"{base}-{i}", i + 1
+        conds[name] = path
+
+    for entry in entries:
+        p = Path(entry).expanduser()
+        if _is_adapter_dir(p):
+            add(p.name, p.resolve())
+        elif (p / "adapters").is_dir():
+            found = [p / "adapters" / k for k in ("mean", "best") if _is_adapter_dir(p / "adapters" / k)]
+            if not found:
+                raise FileNotFoundError(f"adapters: run dir {p} has no adapters/mean or adapters/best "
+                                        f"(did the run finish?); pass an adapter directory instead")
+            for a in found:
+                add(a.name if len(entries) == 1 else f"{p.name}/{a.name}", a.resolve())
+        else:
+            raise FileNotFoundError(f"adapters: {p} is neither a PEFT adapter (adapter_config.json) nor a run "
+                                    f"directory with adapters/; check the path")
+    if not conds:
+        raise ConfigError("nothing to evaluate: adapters is empty and include_base=false; "
+                          "name an adapter or set include_base=true")
+    return conds
+
+
+def adapter_rank(path: Path) -> int:
+    """LoRA rank ``r`` recorded in an adapter's adapter_config.json."""
+    return int(json.loads((Path(path) / "adapter_config.json").read_text())["r"])
+
+
+# --- validation and data -----------------------------------------------------------------------
+
+def validate_eval(cfg) -> list[int]:
+    """Cross-field checks of an EvalCommandConfig; returns the pass@k list (empty when n == 1).
+
+    Raises:
+        ConfigError: one line naming the field and the fix.
+    """
+    if cfg.split not in ("val", "train"):
+        raise ConfigError(f"split={cfg.split!r}: use val or train")
+    if cfg.n < 1:
+        raise ConfigError(f"n={cfg.n}: need at least one sample per problem (1 = greedy only)")
+    if cfg.n > 1 and cfg.temperature <= 0:
+        raise ConfigError(f"temperature={cfg.temperature} with n={cfg.n} gives n identical samples; "
+                          f"set temperature=1.0 or n=1")
+    if cfg.limit < 0 or cfg.max_tokens < 1:
+        raise ConfigError("limit must be >= 0 and max_tokens >= 1")
+    if cfg.engine.backend != "local":
+        raise ConfigError(f"engine.backend={cfg.engine.backend!r}: essa eval runs one local vLLM engine; "
+                          f"use engine=local")
+    if cfg.n == 1:
+        if cfg.ks:
+            raise ConfigError(f"ks={list(cfg.ks)} needs n >= max(ks) samples; set n (e.g. n={max(cfg.ks)})")
+        return []
+    try:
+        return check_ks(list(cfg.ks), cfg.n) if cfg.ks else default_ks(cfg.n)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def select_problems(cfg) -> list[Problem]:
+    """The problems of ``cfg.split`` (first ``cfg.limit`` when > 0)."""
+    task = load_task(cfg.task)
+    if task.skipped:
+        log.warning("task %s: skipped rows without a usable answer: %s", task.name, task.skipped)
+    problems = task.val if cfg.split == "val" else task.train
+    return problems[: cfg.limit] if cfg.limit else problems
+
+
+# --- one pass: generate for every (condition, problem) in one batch, score ---------------------
+
+@dataclass
+class PassResult:
+    """One decoding pass over A conditions x N problems x G samples.
+
+    Attributes:
+        correct: (A, N, G) bool, status ``correct``.
+        scored: (A, N, G) bool, status not ``error``.
+        extracted: (A, N, G) object, extracted answer or None.
+        status: (A, N, G) object, reward status.
+        n_tokens: (A, N, G) int64, completion tokens.
+        texts: (A, N, G) object, completion texts.
+        generate_s: seconds in the back-end's generate call.
+    """
+
+    correct: np.ndarray
+    scored: np.ndarray
+    extracted: np.ndarray
+    status: np.ndarray
+    n_tokens: np.ndarray
+    texts: np.ndarray
+    generate_s: float
+
+
+def run_pass(backend, reward_fn, prompts: Sequence[str], problems: Sequence[Problem],
+             adapters: Sequence[AdapterRef | None], sampling: Sampling, desc: str = "reward",
+             chunk: int = 512) -> PassResult:
+    """Generate for all A x N (condition, problem) requests in ONE back-end call and score them.
+
+    Args:
+        backend: ``generate(prompts, adapters, sampling, use_tqdm) -> list[list[Completion]]``.
+        reward_fn: ``f(completions, references) -> list[RewardResult]`` (rewards.MathReward).
+        prompts: N chat-templated prompts, aligned with ``problems``.
+        adapters: A adapter refs (None = base model).
+        sampling: decoding; G = sampling.n samples per request.
+        chunk: completions per reward call (one progress-bar step).
+    """
+    from tqdm.auto import tqdm
+
+    A, N, G = len(adapters), len(problems), sampling.n
+    flat_prompts = [p for _ in range(A) for p in prompts]                 # (A*N,) adapter-major
+    flat_adapters = [a for a in adapters for _ in range(N)]
+    t0 = time.perf_counter()
+    outs = backend.generate(flat_prompts, flat_adapters, sampling, use_tqdm=True)
+    generate_s = time.perf_counter() - t0
+    if len(outs) != A * N or any(len(o) != G for o in outs):
+        raise RuntimeError(f"back-end returned {len(outs)} requests for {A * N}, expected {G} completions each")
+    texts = [c.text for o in outs for c in o]                             # (A*N*G,)
+    refs = [problems[(i // G) % N].answer for i in range(len(texts))]
+    results = []
+    for s in tqdm(range(0, len(texts), chunk), desc=desc, unit="chunk", leave=False):
+        results.extend(reward_fn(texts[s:s + chunk], refs[s:s + chunk]))
+    status = np.array([r.status for r in results], dtype=object).reshape(A, N, G)
+    extracted = np.empty(len(results), dtype=object)
+    extracted[:] = [r.extracted for r in results]
+    textarr = np.empty(len(texts), dtype=object)
+    textarr[:] = texts
+    return PassResult(correct=status == "correct", scored=status != "error", extracted=extracted.reshape(A, N, G),
+                      status=status, n_tokens=np.array([c.n_tokens for o in outs for c in o]).reshape(A, N, G),
+                      texts=textarr.reshape(A, N, G), generate_s=generate_s)
+
+
+# --- summary -----------------------------------------------------------------------------------
+
+def summarise(greedy: PassResult, sampled: PassResult | None, ks: Sequence[int], names: Sequence[str]) -> dict:
+    """Per-condition metrics.
+
+    greedy_accuracy: fraction of scorable problems solved greedily. avg_at_n: mean over problems of
+    c / n. pass_at_k: ``{k: mean pass@k}`` over the problems with at least k scorable samples.
+    """
+    out = {}
+    for a, name in enumerate(names):
+        g_ok = greedy.scored[a, :, 0]
+        row = {"greedy_accuracy": float(greedy.correct[a, :, 0][g_ok].mean()) if g_ok.any() else None,
+               "greedy_no_answer": float((greedy.status[a, :, 0] == "no_answer").mean()),
+               "greedy_mean_tokens": float(greedy.n_tokens[a].mean()),
+               "n_problems": int(greedy.correct.shape[1]), "n_scored_problems": int(g_ok.sum()),
+               "avg_at_n": None, "pass_at_k": {}, "pass_at_k_problems": {}}
+        if sampled is not None:
+            n = sampled.scored[a].sum(axis=1)                                    # (N,)
+            c = (sampled.correct[a] & sampled.scored[a]).sum(axis=1)             # (N,)
+            has = n > 0
+            row["avg_at_n"] = float((c[has] / n[has]).mean()) if has.any() else None
+            row["sampled_mean_tokens"] = float(sampled.n_tokens[a].mean())
+            for k in ks:
+                sel = n >= k
+                row["pass_at_k"][str(k)] = pass_at_k_table(n[sel], c[sel], [k])[k] if sel.any() else None
+                row["pass_at_k_problems"][str(k)] = int(sel.sum())
+        out[name] = row
+    return out
+
+
+def format_table(summary: dict, n: int, ks: Sequence[int], title: str) -> str:
+    """The printed results table (one line per condition)."""
+    cols = ["greedy"] + ([f"avg@{n}"] + [f"pass@{k}" for k in ks] if ks else [])
+    width = max([len("condition")] + [len(c) for c in summary]) + 2
+    lines = [title, f"{'condition':<{width}}" + "".join(f"{c:>10}" for c in cols) + f"{'problems':>10}"]
+    fmt = lambda v: f"{v:>10.3f}" if v is not None else f"{'-':>10}"  # noqa: E731
+    for name, r in summary.items():
+        vals = [r["greedy_accuracy"]] + ([r["avg_at_n"]] + [r["pass_at_k"][str(k)] for k in ks] if ks else [])
+        lines.append(f"{name:<{width}}" + "".join(fmt(v) for v in vals) + f"{r['n_problems']:>10d}")
+    return "\n".join(lines)
+
+
+def _problem_rows(problems, names, conds, greedy: PassResult, sampled: PassResult | None) -> list[dict]:
+    rows = []
+    for a, name in enumerate(names):
+        for i, p in enumerate(problems):
+            row = {"problem_id": p.id, "condition": name, "adapter": None if conds[name] is None else str(conds[name]),
+                   "reference": p.answer, "greedy_correct": bool(greedy.correct[a, i, 0]),
+                   "greedy_status": greedy.status[a, i, 0], "greedy_extracted": greedy.extracted[a, i, 0],
+                   "greedy_tokens": int(greedy.n_tokens[a, i, 0])}
+            if sampled is not None:
+                ok = sampled.scored[a, i]
+                row.update(n=int(ok.sum()), n_correct=int((sampled.correct[a, i] & ok).sum()),
+                           n_error=int((~ok).sum()), extracted=list(sampled.extracted[a, i]),
+                           statuses=list(sampled.status[a, i]), mean_tokens=float(sampled.n_tokens[a, i].mean()))
+            else:
+                row.update(n=0, n_correct=0, n_error=0, extracted=[], statuses=[], mean_tokens=None)
+            rows.append(row)
+    return rows
+
+
+def _sample_rows(problems, names, passes: dict[str, PassResult]) -> list[dict]:
+    rows = []
+    for kind, res in passes.items():
+        A, N, G = res.status.shape
+        for a in range(A):
+            for i in range(N):
+                for g in range(G):
+                    rows.append({"problem_id": problems[i].id, "condition": names[a], "pass": kind, "sample": g,
+                                 "completion": res.texts[a, i, g], "extracted_answer": res.extracted[a, i, g],
+                                 "status": res.status[a, i, g], "n_tokens": int(res.n_tokens[a, i, g])})
+    return rows
+
+
+# --- the command -------------------------------------------------------------------------------
+
+def build_backend(cfg, model_path: str, n_adapters: int, rank: int):
+    """One local vLLM engine sized for ``n_adapters`` adapters of rank <= ``rank`` (LoRA off when 0)."""
+    from .backends.vllm_local import VLLMBackend
+
+    e = cfg.engine
+    return VLLMBackend(model_path, max_lora_rank=rank, max_loras=e.max_loras or max(1, n_adapters),
+                       max_model_len=cfg.model.max_model_len, dtype=cfg.model.dtype, seed=cfg.seed,
+                       gpu_memory_utilization=e.gpu_memory_utilization, kv_cache_gib=e.kv_cache_gib,
+                       enforce_eager=e.enforce_eager, enable_lora=n_adapters > 0, max_num_seqs=e.max_num_seqs,
+                       fast_lora=e.fast_lora, extra=OmegaConf.to_container(e.extra, resolve=True))
+
+
+def run_eval(cfg, out_dir: str | Path, backend=None, reward_fn=None) -> dict:
+    """Evaluate every condition on the split and write the outputs (module docstring).
+
+    Args:
+        cfg: composed EvalCommandConfig.
+        out_dir: output directory (created).
+        backend: a ready back-end (tests); None = a local vLLM engine built from cfg and closed at the end.
+        reward_fn: None = ``rewards.MathReward`` from ``cfg.reward``.
+
+    Returns:
+        The eval_summary.json dict.
+
+    Raises:
+        ConfigError / FileNotFoundError / ValueError: bad configuration or paths (one-line messages).
+    """
+    ks = validate_eval(cfg)
+    out_dir = Path(out_dir)
+    conds = resolve_conditions(cfg.adapters, cfg.include_base)
+    names = list(conds)
+    problems = select_problems(cfg)
+    if not problems:
+        raise ValueError(f"split={cfg.split}: no problems to evaluate; check task and limit")
+    adapter_paths = [p for p in conds.values() if p is not None]
+    rank = cfg.lora_rank or max([adapter_rank(p) for p in adapter_paths], default=8)
+    refs = [None if p is None else AdapterRef(f"eval-{i}", lora_int_id(-1, i), str(p))
+            for i, p in enumerate(conds.values())]
+    log.info("eval on %s/%s: %d problems x %d conditions (%s), greedy%s", cfg.task.name, cfg.split, len(problems),
+             len(names), ", ".join(names), f" + {cfg.n} samples at T={cfg.temperature}" if cfg.n > 1 else " only")
+    if reward_fn is None:
+        from rewards import MathReward
+        reward_fn = MathReward(lenient=cfg.reward.lenient, timeout_s=cfg.reward.timeout_s,
+                               format_weight=cfg.reward.format_weight)
+    t_start = time.perf_counter()
+    model_path = None
+    own = backend is None
+    if own:
+        from .model import resolve_model_path
+        model_path = resolve_model_path(cfg.model.path)
+        backend = build_backend(cfg, model_path, len(adapter_paths), rank)
+    try:
+        prompts = [build_prompt(backend.tokenizer, p.question, cfg.task.system_prompt) for p in problems]
+        greedy = run_pass(backend, reward_fn, prompts, problems, refs,
+                          Sampling(max_tokens=cfg.max_tokens, temperature=0.0, n=1, seed=cfg.seed), "greedy reward")
+        sampled = None
+        if cfg.n > 1:
+            sampled = run_pass(backend, reward_fn, prompts, problems, refs,
+                               Sampling(max_tokens=cfg.max_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+                                        n=cfg.n, seed=cfg.seed), "sampled reward")
+    finally:
+        if own:
+            backend.close()
+    wall = time.perf_counter() - t_start
+    per_cond = summarise(greedy, sampled, ks, names)
+    tokens = int(greedy.n_tokens.sum() + (sampled.n_tokens.sum() if sampled is not None else 0))
+    gen_s = greedy.generate_s + (sampled.generate_s if sampled is not None else 0.0)
+    summary = {
+        "label": cfg.label or f"{Path(str(cfg.model.path)).name} on {cfg.task.name}/{cfg.split}",
+        "task": cfg.task.name, "split": cfg.split, "model": cfg.model.path, "model_path": model_path,
+        "n_problems": len(problems), "n": cfg.n, "temperature": cfg.temperature if cfg.n > 1 else 0.0,
+        "top_p": cfg.top_p, "ks": ks, "max_tokens": cfg.max_tokens, "seed": cfg.seed,
+        "adapters": {k: (None if v is None else str(v)) for k, v in conds.items()},
+        "conditions": per_cond, "wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / max(gen_s, 1e-9),
+        "estimator": "pass@k = 1 - C(n-c, k) / C(n, k) (Chen et al. 2021, Eq. 1), mean over problems",
+    }
+    io.write_parquet(out_dir / "eval_problems.parquet", _problem_rows(problems, names, conds, greedy, sampled))
+    if cfg.save_completions:
+        passes = {"greedy": greedy, **({"sampled": sampled} if sampled is not None else {})}
+        io.write_parquet(out_dir / "eval_samples.parquet", _sample_rows(problems, names, passes))
+    io.write_json(out_dir / "eval_summary.json", summary)
+    title = (f"\n{cfg.task.name}/{cfg.split}: {len(problems)} problems, greedy"
+             + (f" + {cfg.n} samples at T={cfg.temperature}" if cfg.n > 1 else "")
+             + f", {cfg.max_tokens} max tokens, {wall:.0f} s")
+    print(format_table(per_cond, cfg.n, ks, title))
+    print(f"results: {out_dir / 'eval_summary.json'}, {out_dir / 'eval_problems.parquet'}")
+    return summary
+
+
+def main(cfg, run_dir: str | Path) -> dict:
+    """Entry point of ``essa eval`` (engine/cli.py): outputs go to ``cfg.output_dir`` or Hydra's run dir."""
+    return run_eval(cfg, Path(cfg.output_dir) if cfg.output_dir else Path(run_dir))

