@@ -17,7 +17,8 @@ parent, so this works from any thread and inside any process.
 Workers start lazily, on the first item that needs them; importing `rewards` starts
 nothing. An item's time limit counts from when it is sent to a ready worker, so start-up
 (the sympy import, about a second) is never charged to an item. Each worker caps its
-address space (``RLIMIT_AS``), dies with its parent, and is recycled after `max_tasks`
+address space (``RLIMIT_AS``), dies with its parent (``PR_SET_PDEATHSIG``, so workers are
+started from one long-lived thread), and is recycled after `max_tasks`
 items to bound sympy's caches. POSIX only (``pass_fds``).
 
 Statuses returned per item: those of `rewards._verify_impl.verify_pair` plus ``"timeout"``
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import queue
 import subprocess
 import sys
 import threading
@@ -38,6 +40,42 @@ from multiprocessing.connection import Connection, wait
 
 STARTUP_TIMEOUT_S = 120.0  # seconds a batch waits for a worker before giving up
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class _Spawner:
+    """Starts worker processes from one long-lived daemon thread.
+
+    Linux's ``PR_SET_PDEATHSIG`` (set by each worker) fires when the *thread* that started
+    the worker exits, so workers must not be started by a short-lived caller thread.
+    """
+
+    def __init__(self) -> None:
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def popen(self, *args, **kwargs) -> subprocess.Popen:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="rewards-spawner", daemon=True)
+                self._thread.start()
+        reply: queue.SimpleQueue = queue.SimpleQueue()
+        self._requests.put((reply, args, kwargs))
+        ok, value = reply.get()
+        if not ok:
+            raise value
+        return value
+
+    def _loop(self) -> None:
+        while True:
+            reply, args, kwargs = self._requests.get()
+            try:
+                reply.put((True, subprocess.Popen(*args, **kwargs)))
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                reply.put((False, e))
+
+
+_SPAWNER = _Spawner()
 
 
 class _Worker:
@@ -82,7 +120,7 @@ class VerifierPool:
         env = dict(os.environ)
         env["PYTHONPATH"] = _PACKAGE_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         try:
-            proc = subprocess.Popen(
+            proc = _SPAWNER.popen(
                 [
                     sys.executable, "-m", "rewards._worker",
                     str(to_child_r), str(from_child_w), str(self.memory_limit_bytes or 0), str(os.getpid()),
@@ -243,9 +281,10 @@ def shutdown() -> None:
 
 def _forget_after_fork() -> None:
     # A forked child must not talk to its parent's workers: it starts from no pools.
-    global _POOLS_LOCK
+    global _POOLS_LOCK, _SPAWNER
     _POOLS.clear()
     _POOLS_LOCK = threading.Lock()
+    _SPAWNER = _Spawner()
 
 
 atexit.register(shutdown)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import warnings
 from multiprocessing.connection import Connection
 
 
@@ -46,12 +47,17 @@ def main(argv: list[str]) -> int:
     """Run the worker loop; returns the exit code."""
     fd_in, fd_out, mem, ppid = (int(a) for a in argv[1:5])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
+    warnings.filterwarnings("ignore")  # sympy deprecation noise would flood the parent's stderr
     _die_with_parent(ppid)
     _limit_memory(mem)
     conn_in = Connection(fd_in, writable=False)
     conn_out = Connection(fd_out, readable=False)
     try:
         from rewards import _verify_impl
+
+        # First parses build the LaTeX grammar and sympy caches (up to a second): do it
+        # before reporting ready, so that no item's time limit pays for it.
+        _verify_impl.verify_pair(r"\frac{\sqrt{2}}{2}", r"\{1, (0, 1]\}")
     except BaseException as e:  # noqa: BLE001 - report any import failure to the parent
         conn_out.send(("fatal", repr(e)))
         return 1

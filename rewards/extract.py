@@ -17,7 +17,7 @@ Order (first rule that finds something wins):
    all of them are correct, because boxing every candidate is a known reward hack.
 3. GSM8K's ``#### N`` (Cobbe et al. 2021, arXiv 2110.14168): the *last* one, so that a
    few-shot example echoed before the real solution does not count. A bare ``####`` at the
-   end (truncated) is no answer.
+   end (truncated) is no answer; Markdown headings (``#### Step 1``) are not answers.
 4. "The answer is X" / "Final answer: X" / "Answer: X" (Minerva's ``Final Answer: The final
    answer is X. I hope it is correct.`` included) and ``<answer>X</answer>`` (DeepSeek-R1's
    format, arXiv 2501.12948). The issue lists the tag after the phrases; we take whichever of
@@ -50,6 +50,7 @@ _MAX_UNWRAP = 4  # \boxed{\boxed{...}} depth that is unwrapped
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])\s*")
 _BRACE_RE = re.compile(r"\\.|[{}]", re.S)  # an escaped character (skipped) or a brace
 _BOX_TOKEN_RE = re.compile(r"[^\s${}\\]+")  # `\boxed 5` form: one bare token
+_HASH_ANSWER_RE = re.compile(r"[-+$€£\\(.]|\d(?!\d*[.)]\s+[A-Za-z])")
 _PHRASE_RE = re.compile(
     r"(?i)\b(?:final\s+answer(?:\s+is)?\s*[:=]?|answer\s+is\s*:?|answer\s*[:=])[ \t]*"
 )
@@ -64,7 +65,8 @@ _LEAD_IN_RE = re.compile(
     r"(?i)(?:=|\b(?:is|are|was|were|equals?|be|of|to|makes?|gets?|has|have|had|total|costs?|earns?|pays?|needs?))$"
 )
 _HEDGE_RE = re.compile(
-    r"(?i)\b(?:or|either|maybe|perhaps|possibly|probably|unsure|guess)\b|\\lor(?![A-Za-z])|\\vee(?![A-Za-z])|\bnot\s+sure\b"
+    r"(?i)\b(?:or|either|maybe|perhaps|possibly|probably|unsure|guess)\b|\bnot\s+sure\b"
+    r"|\\lor(?![A-Za-z])|\\vee(?![A-Za-z])"
 )
 
 
@@ -223,6 +225,26 @@ def _last_phrase(text: str) -> tuple[str, int] | None:
     return _sentence(text, last.end()), last.end()
 
 
+def _last_hash(text: str) -> str | None:
+    """Answer after the last answer-like ``####``; ``""`` if the text ends in a bare ``####``.
+
+    Markdown headings (``#### Step 1``, ``#### 1. Compute``) are skipped: a GSM8K answer
+    starts with a digit, sign, currency or LaTeX, and is not a numbered title.
+    """
+    lines = text.rstrip().split("\n")
+    for k in range(len(lines) - 1, -1, -1):
+        if "####" not in lines[k]:
+            continue
+        content = unwrap(lines[k].rsplit("####", 1)[1])
+        if not content:
+            if k == len(lines) - 1:
+                return ""  # cut off right after `####`
+            continue
+        if _HASH_ANSWER_RE.match(content):
+            return content
+    return None
+
+
 def _last_tag(text: str) -> tuple[str, int] | None:
     """Content of the last closed ``<answer>...</answer>`` and its end index, or None."""
     low = text.lower()
@@ -281,13 +303,10 @@ def extract(text: str, lenient: bool = False) -> Extraction:
     if boxes:
         answers = _dedupe([a for a in (unwrap(b) for b in boxes) if a])
         return Extraction(answers, "boxed")
-    hash_at = body.rfind("####")
-    if hash_at >= 0:
-        line_end = body.find("\n", hash_at)
-        ans = unwrap(body[hash_at + 4:] if line_end < 0 else body[hash_at + 4:line_end])
-        if not ans:
-            return Extraction(source="hash", truncated=True)
-        return Extraction((ans,), "hash")
+    if "####" in body:
+        hashed = _last_hash(body)
+        if hashed is not None:
+            return Extraction((hashed,), "hash") if hashed else Extraction(source="hash", truncated=True)
     plain = body.replace("**", "")
     phrase = _last_phrase(plain)
     tag = _last_tag(plain)

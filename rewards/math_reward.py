@@ -174,7 +174,8 @@ class MathReward:
         """
         if len(completions) != len(references):
             raise ValueError(
-                f"got {len(completions)} completions but {len(references)} references; pass one reference per completion"
+                f"got {len(completions)} completions but {len(references)} references; "
+                "pass one reference per completion"
             )
         n = len(completions)
         out: list[RewardResult | None] = [None] * n

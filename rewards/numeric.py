@@ -36,6 +36,7 @@ _WRAP_RE = re.compile(
 )
 _SPACE_RE = re.compile(r"\\[;: ]|\\q?quad(?![A-Za-z])|~|\\(?:left|right)(?![A-Za-z])|\\displaystyle")
 _DEGREE_RE = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|\\degree|°")
+_WS_RE = re.compile(r"\s+")
 _RELATION_RE = re.compile(r"\\(?:le|ge|ne|leq|geq|neq|lt|gt|approx|sim)(?![A-Za-z])|[<>≤≥≠≈]")
 _NUM = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|\.\d+"
 _FULL_RE = re.compile(
@@ -85,7 +86,7 @@ def _clean(s: str) -> str:
             break
         s = s2
     s = _DEGREE_RE.sub("", s)
-    s = s.strip()
+    s = _WS_RE.sub(" ", s).strip()  # single spaces keep `_FULL_RE` free of backtracking
     while s.startswith("{") and s.endswith("}") and s.count("{") == 1:
         s = s[1:-1].strip()
     return s.rstrip(".,;:!").strip()
