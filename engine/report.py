@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import sys
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -128,13 +129,31 @@ def _new_axes(title: str, xlabel: str, ylabel: str):
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(True, alpha=0.3)
+    if xlabel.startswith("generation"):
+        from matplotlib.ticker import MaxNLocator
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     return fig, ax
 
 
 def _finish(fig, ax):
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, loc="best")
+    """Legend inside the axes when it is small, else below them (long override labels wrap)."""
+    handles, labels = ax.get_legend_handles_labels()
+    if not handles:
+        return fig
+    labels = [textwrap.fill(lab, 100, subsequent_indent="    ") for lab in labels]
+    n_lines = sum(lab.count("\n") + 1 for lab in labels)
+    if n_lines <= 6 and max(len(lab) for lab in labels) <= 60:
+        ax.legend(handles, labels, fontsize=7, loc="best")
+    else:
+        fig.set_size_inches(7.0, 4.2 + 0.15 * n_lines)
+        fig.legend(handles, labels, fontsize=7, loc="outside lower center")
     return fig
+
+
+def legend_texts(fig) -> list[str]:
+    """The legend entries of a report figure (inside the axes or below them)."""
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None] + list(fig.legends)
+    return [t.get_text() for leg in legends for t in leg.get_texts()]
 
 
 def _marker(n_points: int) -> dict:

@@ -11,10 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from engine.report import build_figures, cli, load_run, make_report
+from engine.report import build_figures, cli, legend_texts, load_run, make_report
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "run_small"
-REPO = Path(__file__).resolve().parent.parent
 ALL = {"fitness", "sigma", "val_accuracy_generation", "val_accuracy_wallclock", "passk", "throughput"}
 
 # figure -> (title, x label, y label)
@@ -80,7 +79,7 @@ def test_make_report_writes_decodable_pngs_and_markdown(tmp_path):
 def test_several_runs_overlaid_and_missing_data_skipped(tmp_path):
     grpo = _grpo_run(tmp_path)
     figs = build_figures([load_run(FIXTURE), load_run(grpo)])
-    legend = [t.get_text() for t in figs["val_accuracy_wallclock"].axes[0].get_legend().get_texts()]
+    legend = legend_texts(figs["val_accuracy_wallclock"])
     assert "f-grpo gamma=0.5: mean" in legend and "essa strategy.population_size=8: mean" in legend
     # the GRPO run has no metrics: only the ES run is in the fitness figure
     assert all("f-grpo" not in l.get_label() for l in figs["fitness"].axes[0].lines)

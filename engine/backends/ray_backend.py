@@ -24,7 +24,7 @@ worker serves its own candidates and only tiny messages cross the network. Here:
 
 Adapters named by path (:meth:`RayPopulationEvaluator.score`: the SFT warm start, the mean genome
 written by :meth:`write_candidates`, exported adapters) live on the driver's file system. They are
-shipped as file bytes through the object store (one ``ray.put`` per adapter, a few MB at rank 8)
+shipped as file bytes through the object store (one ``ray.put`` per adapter: about 20 MB at rank 8 for a 7B model)
 and written to the actor's own adapter directory, so multi-node clusters need no shared file
 system. Genomes are not re-decoded on the actors for these, because the SFT and exported
 adapters need not be in the codec's image.
@@ -48,7 +48,7 @@ import numpy as np
 import ray
 import ray.exceptions
 
-from ..population import AdapterMeta, EvalResult, PopulationEvaluator, aggregate_fitness, default_adapter_root, reward_results
+from ..population import AdapterMeta, EvalResult, PopulationEvaluator, default_adapter_root, reward_results
 from . import AdapterRef, Completion, Sampling
 
 log = logging.getLogger("essa.ray")
@@ -244,6 +244,7 @@ class EvaluatorActor:
         """Evaluate a shard (P_k, D) as one multi-LoRA batch; returns (EvalResult, {busy_s})."""
         t0 = time.perf_counter()
         self._maybe_fault(generation)
+        genomes = np.array(genomes, dtype=np.float64)  # own, writable copy of the object-store buffer
         res = self.evaluator.evaluate(genomes, problems, generation, sampling, first_candidate, use_tqdm=False)
         return res, {"busy_s": time.perf_counter() - t0}
 
@@ -342,7 +343,8 @@ class RayPopulationEvaluator:
             log.warning("engine.tensor_parallel_size=%d on a CPU-only cluster: vLLM's CPU back-end splits the "
                         "engine over %g cores per actor instead", e.tensor_parallel_size, e.cpus_per_actor)
 
-        self._writer = PopulationEvaluator(None, codec, reward_fn, meta, None, "", e.adapter_dir)  # driver-side adapters
+        # driver-side adapters (write_candidates for validation); no engine
+        self._writer = PopulationEvaluator(None, codec, reward_fn, meta, None, "", e.adapter_dir)
         self._run_token = uuid.uuid4().hex[:10]
         fault = None
         if os.environ.get(TEST_FAULT_ENV):
@@ -402,8 +404,7 @@ class RayPopulationEvaluator:
                 k, s = free.pop(0), pending.popleft()
                 attempts[s] += 1
                 inflight[submit(self.actors[k], s)] = ("shard", k, s)
-            if not any(kind == "shard" for kind, _, _ in inflight.values()) and not any(
-                    kind == "ping" for kind, _, _ in inflight.values()):
+            if not inflight:
                 raise RuntimeError(f"{what}: all {self.num_actors} Ray actors are dead (engine.max_actor_restarts="
                                    f"exhausted); {sum(not f for f in finished)} shards unevaluated")
             [ref], _ = ray.wait(list(inflight), num_returns=1)
@@ -422,7 +423,8 @@ class RayPopulationEvaluator:
                         log.warning("%s: Ray actor %d died (%s) while evaluating %s; re-running the shard on the "
                                     "next free actor (attempt %d)", what, k, cause, describe(s), attempts[s] + 1)
                         pending.appendleft(s)
-                    self._recovering[k] = self.actors[k].info.remote()  # resolves once Ray has restarted it
+                    # resolves once Ray has restarted the actor, fails with ActorDiedError when it cannot
+                    self._recovering[k] = self.actors[k].info.options(max_task_retries=-1).remote()
                     inflight[self._recovering[k]] = ("ping", k, None)
                 else:
                     log.error("Ray actor %d is gone for good (%s: restarts exhausted or restart failed); continuing "
@@ -561,8 +563,8 @@ class RayPopulationEvaluator:
         self._writer.release(generation)
 
     def pids(self) -> list[int]:
-        """Process ids of the actors (tests)."""
-        return ray.get([a.pid.remote() for a in self.actors])
+        """Process ids of the actors (tests); waits for actors that are restarting."""
+        return ray.get([a.pid.options(max_task_retries=-1).remote() for a in self.actors])
 
     def close(self) -> None:
         """Stop the actors (their engines and adapter directories), and Ray if this object started it."""

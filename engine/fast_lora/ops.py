@@ -1,51 +1,65 @@
-"""Fast CPU multi-LoRA kernels: stacked GEMMs instead of per-token weight gathers.
+"""Fast CPU multi-LoRA kernels: a few large GEMMs instead of per-token weight gathers.
 
 Multi-LoRA batching (Punica, Chen et al. 2023, arXiv 2310.18547; S-LoRA, Sheng et al. 2023,
-arXiv 2311.03285) serves a batch of T tokens whose token t uses adapter ``idx[t]`` out of L
-resident slots. vLLM 0.32's CPU reference ops (``vllm/lora/ops/torch_ops/lora_ops.py``) compute
-this by gathering a private copy of every token's adapter matrices, ``W[idx]`` of shape
-(T, r, in) or (T, out, r), and running a batched einsum: memory traffic T x r x in per slice and
-per layer, which is what made 16 adapters cost 4x the base model on CPU.
+arXiv 2311.03285) serves a batch of T tokens whose token t uses the adapter in slot ``idx[t]``
+out of L resident slots. vLLM 0.32's CPU reference ops (``vllm/lora/ops/torch_ops/lora_ops.py``)
+gather a private copy of every token's adapter matrices, ``W[idx]`` of shape (T, r, in) or
+(T, out, r), cast it, and run a batched einsum, separately for every slice (q, k, v) and for
+shrink and expand: ~12 tensor ops and T x r x in bytes of copying per slice and layer. On a
+2-core CPU that made 16 adapters cost 4x the base model.
 
-Here every adapter is multiplied at once with plain GEMMs and the unwanted columns are masked:
+Two exact reformulations replace them (L slots, n slices, r rank):
 
-    shrink:  S = x @ A_all^T            x (T, in), A_all (L*r, in)  -> S (T, L*r)
-             S[t, l*r:(l+1)*r] *= onehot[t, l]     (zero for every slot but idx[t])
-    expand:  y += S @ B_all             B_all (L*r, out) with B_all[l*r + j, o] = B[l, o, j]
+* **stacked** (the masked two-GEMM form): multiply every token by every adapter at once and mask::
 
-Because the other adapters' columns of S are exactly zero, the expand GEMM adds exactly
-``x A_{idx[t]}^T B_{idx[t]}^T`` to row t (the masked two-GEMM form). The cost is two GEMMs of
-T x in x L*r and T x L*r x out per slice; at L = 16, r = 8 that is ~15 % of the base projection's
-flops and no gather at all. For very large L x r (hundreds of adapters) sorting tokens by adapter
-and running one small GEMM per adapter would win; at ESSA's P = 4..64 the stacked form measured
-fastest (see ``engine/fast_lora/__init__.py``).
+      S = x @ A_all^T              x (T, in), A_all (L*n*r, in)        -> (T, L*n*r)
+      S *= mask                    keep only slot idx[t]'s n*r columns of row t
+      y += S @ B_all               B_all (L*n*r, sum o_i)              -> (T, sum o_i)
+
+  Three ops, no gather, but L times the minimal flops.
+* **grouped** (Punica's SGMV idea done with batched GEMMs): sort tokens by slot into an
+  (L', G, in) tensor padded to the largest group G, then ``bmm`` against each slot's own A and B::
+
+      xg = x[perm].view(L', G, in);  S = xg @ A_slot^T  (L', G, n*r);  D = S @ B_slot  (L', G, sum o)
+      y += D.view(L'*G, -1)[inv]
+
+  Five ops and the minimal flops times the padding factor L'G/T, which is ~1 for an ESSA
+  population (every candidate has the same number of sequences).
+
+:func:`plan_tokens` picks grouped when padding wastes at most 2x (and always for tiny batches),
+stacked otherwise (prefill chunks dominated by one adapter). Both use the same cached per-slot
+weights (:func:`build_slot_weights`): ``A_slot`` (L+1, n*r, in) and ``B_slot`` (L+1, n*r, sum o_i),
+block-diagonal in each slot (slice i's r rows feed only slice i's output columns), slot L all zero.
 
 Index semantics: ``idx[t] == -1`` means "no adapter": the kernels leave row t of the output
-untouched (what vLLM's Triton kernels do, ``_lora_expand_kernel`` exits early on -1). Note that
-vLLM 0.32's torch reference ops instead index ``W[-1]``, i.e. they apply the LAST slot's adapter
-to no-adapter tokens; that differs from the reference whenever the last slot is occupied (a
-population that fills every slot plus a base-model request).
+untouched (grouped maps it to the zero slot L). This is what vLLM's Triton kernels do
+(``_lora_expand_kernel`` exits early on -1). vLLM 0.32's torch reference ops instead index
+``W[-1]``, i.e. they apply the LAST slot's adapter to no-adapter tokens; results differ from that
+reference whenever the last slot holds an adapter and a request runs without one.
 
-Dtypes: the ``bgmv_*``/``sgmv_*`` functions mirror the reference exactly, including its dtype
-rule (inputs and weights are cast to the output tensor's dtype and the product is computed in
-that dtype). :func:`lora_linear`, the fused path the punica wrapper uses, computes the shrink in the
-input's dtype (bf16 in serving); the reference then casts its fp32 shrink result to bf16 before
-the expand anyway, so both round the intermediate to bf16 once.
+Dtypes: the ``bgmv_*``/``sgmv_*`` drop-ins mirror the reference's rule (inputs and weights are cast
+to the output tensor's dtype and multiplied in it). :func:`lora_linear`, the fused path the punica
+wrapper uses, multiplies in the input's dtype (bf16 in serving); the reference casts its fp32
+shrink result to bf16 before the expand anyway, so both round the intermediate to bf16 once.
 """
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 __all__ = [
-    "StackedLoRACache",
+    "SlotWeightCache",
+    "TokenPlan",
     "bgmv_expand",
     "bgmv_expand_slice",
     "bgmv_shrink",
+    "build_slot_weights",
     "lora_linear",
     "onehot_mask",
+    "plan_tokens",
     "sgmv_expand",
     "sgmv_expand_slice",
     "sgmv_shrink",
@@ -242,20 +256,49 @@ def sgmv_expand_slice(inputs, lora_b_weights, output_tensor, b_seq_start_loc, se
 
 
 # ---------------------------------------------------------------------------------------------
-# Fused path: all slices of one layer (q, k, v) in one shrink GEMM, cached stacked weights
+# Fused path: every slice of one layer (q, k, v packed) in one pass, cached per-slot weights
 # ---------------------------------------------------------------------------------------------
 
-class StackedLoRACache:
-    """Stacked copies of each layer's LoRA slots, rebuilt only when the slots change.
+def build_slot_weights(lora_a_stacked: Sequence[torch.Tensor], lora_b_stacked: Sequence[torch.Tensor],
+                       dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-slot weights of one layer's n LoRA slices, plus an all-zero slot for "no adapter".
 
-    vLLM keeps per layer a tuple of n slices (q/k/v: n = 3), each ``lora_a`` (L, 1, r, in) and
-    ``lora_b`` (L, 1, out_i, r), updated in place when an adapter is loaded into a slot. The fused
-    kernel wants ``A_all`` (n*L*r, in) and per slice ``B_all_i`` (L*r, out_i). Entries are keyed by
-    the identity of the layer's first A tensor and invalidated when any of the layer's tensors'
-    version counters moves or when :meth:`invalidate` is called (the punica wrapper calls it when
-    the slot layout changes, which also covers inference tensors that have no version counter).
+    Args:
+        lora_a_stacked: n tensors (L, [1,] r, in) (vLLM's ``lora_a_stacked``).
+        lora_b_stacked: n tensors (L, [1,] o_i, r) (vLLM's ``lora_b_stacked``).
+        dtype: dtype of the results.
 
-    Memory: one extra copy of the stacked LoRA weights (about 20 MB at L = 16 for the 135M model).
+    Returns:
+        ``A_slot`` (L+1, n*r, in): rows ``i*r:(i+1)*r`` of slot l are slice i's A.
+        ``B_slot`` (L+1, n*r, sum o_i): block-diagonal per slot, ``B_slot[l, i*r + j, off_i + o]
+        = B_i[l, o, j]`` and zero outside slice i's block. Slot L is zero in both.
+    """
+    a = [_as_3d(t) for t in lora_a_stacked]
+    b = [_as_3d(t) for t in lora_b_stacked]
+    L, r, d_in = a[0].shape
+    n = len(a)
+    outs = [t.shape[1] for t in b]
+    a_slot = torch.zeros(L + 1, n * r, d_in, dtype=dtype, device=a[0].device)
+    b_slot = torch.zeros(L + 1, n * r, sum(outs), dtype=dtype, device=a[0].device)
+    off = 0
+    for i in range(n):
+        a_slot[:L, i * r:(i + 1) * r] = a[i]
+        b_slot[:L, i * r:(i + 1) * r, off:off + outs[i]] = b[i].transpose(1, 2)
+        off += outs[i]
+    return a_slot, b_slot
+
+
+class SlotWeightCache:
+    """:func:`build_slot_weights` per layer, rebuilt only when that layer's slots change.
+
+    vLLM updates each layer's ``lora_a_stacked``/``lora_b_stacked`` in place when it loads an
+    adapter into a slot. Entries are keyed by the identity of the layer's first A tensor and are
+    stale when any of the layer's tensors' version counters moved or after :meth:`invalidate`
+    (the punica wrapper calls it whenever the slot layout changes, which also covers tensors
+    without a version counter, e.g. inference tensors).
+
+    Memory: one copy of the stacked LoRA weights (B block-diagonal): ~25 MB at L = 16 for the
+    30-layer 135M model.
     """
 
     def __init__(self) -> None:
@@ -276,61 +319,128 @@ class StackedLoRACache:
             return None
 
     def get(self, lora_a_stacked: Sequence[torch.Tensor], lora_b_stacked: Sequence[torch.Tensor],
-            dtype: torch.dtype) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Return ``(A_all (n*L*r, in), [B_all_i (L*r, out_i)])`` in ``dtype``, cached."""
-        tensors = (*lora_a_stacked, *lora_b_stacked)
+            dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``build_slot_weights(lora_a_stacked, lora_b_stacked, dtype)``, cached."""
         key = id(lora_a_stacked[0])
-        versions = self._versions(tensors)
+        versions = self._versions((*lora_a_stacked, *lora_b_stacked))
         hit = self._entries.get(key)
         if hit is not None:
-            ref, epoch, vers, hdtype, a_all, b_all = hit
+            ref, epoch, vers, hdtype, a_slot, b_slot = hit
             if ref() is lora_a_stacked[0] and epoch == self.epoch and vers == versions and hdtype == dtype:
-                return a_all, b_all
-        a_all, b_all = build_stacked(lora_a_stacked, lora_b_stacked, dtype)
-        self._entries[key] = (weakref.ref(lora_a_stacked[0]), self.epoch, versions, dtype, a_all, b_all)
+                return a_slot, b_slot
+        a_slot, b_slot = build_slot_weights(lora_a_stacked, lora_b_stacked, dtype)
+        self._entries[key] = (weakref.ref(lora_a_stacked[0]), self.epoch, versions, dtype, a_slot, b_slot)
         self.builds += 1
-        return a_all, b_all
+        return a_slot, b_slot
 
 
-def build_stacked(lora_a_stacked: Sequence[torch.Tensor], lora_b_stacked: Sequence[torch.Tensor],
-                  dtype: torch.dtype) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Uncached ``(A_all (n*L*r, in), [B_all_i (L*r, out_i)])`` for :func:`lora_linear`."""
-    a_all = torch.cat([stack_a(a, dtype) for a in lora_a_stacked], 0)
-    b_all = [stack_b(b, dtype) for b in lora_b_stacked]
-    return a_all, b_all
+@dataclass(frozen=True)
+class TokenPlan:
+    """How one batch's tokens are laid out for :func:`lora_linear` (built once per step).
+
+    Attributes:
+        num_tokens: T.
+        num_slots: L.
+        grouped: True = grouped bmm path, False = stacked masked path.
+        any_lora: False when every token has idx -1 (nothing to do).
+        groups: L' = L, or L + 1 when some token has no adapter (grouped path).
+        group_size: G, the largest group (grouped path).
+        perm: (L'*G,) int64, token row of each padded position (padding repeats row 0).
+        inv: (T,) int64, padded position of each token.
+        mask: (T, L) float, one at [t, idx[t]] (stacked path; zero row for -1).
+    """
+
+    num_tokens: int
+    num_slots: int
+    grouped: bool
+    any_lora: bool
+    groups: int = 0
+    group_size: int = 0
+    perm: torch.Tensor | None = None
+    inv: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
 
 
-def lora_linear(y: torch.Tensor, x: torch.Tensor, a_all: torch.Tensor, b_all: Sequence[torch.Tensor],
-                mask: torch.Tensor, output_slices: Sequence[int], offset_start: int = 0) -> None:
+def plan_tokens(indices: torch.Tensor, num_slots: int, dtype: torch.dtype,
+                max_padding: float = 2.0, small_batch: int = 64) -> TokenPlan:
+    """Choose the kernel for a batch and precompute its index tensors.
+
+    Grouped is chosen when the padded size L'*G is at most ``max_padding`` x T, or at most
+    ``small_batch`` rows (decode of a few sequences); otherwise stacked.
+
+    Args:
+        indices: (T,) int64 slot per token, -1 = no adapter.
+        num_slots: L.
+        dtype: dtype of the stacked path's mask.
+    """
+    t = int(indices.shape[0])
+    no_lora = indices < 0
+    n_none = int(no_lora.sum())
+    if n_none == t:
+        return TokenPlan(t, num_slots, grouped=False, any_lora=False)
+    slot = torch.where(no_lora, num_slots, indices)  # -1 -> the zero slot L
+    groups = num_slots + 1 if n_none else num_slots
+    counts = torch.bincount(slot, minlength=groups)
+    g = int(counts.max())
+    if groups * g <= max(max_padding * t, small_batch):
+        order = torch.argsort(slot, stable=True)
+        starts = torch.cumsum(counts, 0) - counts
+        s_sorted = slot[order]
+        pos = s_sorted * g + (torch.arange(t, device=indices.device) - starts[s_sorted])
+        perm = torch.zeros(groups * g, dtype=torch.long, device=indices.device)
+        perm[pos] = order
+        inv = torch.empty_like(pos)
+        inv[order] = pos
+        return TokenPlan(t, num_slots, grouped=True, any_lora=True, groups=groups, group_size=g,
+                         perm=perm, inv=inv)
+    return TokenPlan(t, num_slots, grouped=False, any_lora=True, mask=onehot_mask(indices, num_slots, dtype))
+
+
+def lora_linear(y: torch.Tensor, x: torch.Tensor, a_slot: torch.Tensor, b_slot: torch.Tensor,
+                plan: TokenPlan, scale: float = 1.0, offset_start: int = 0) -> None:
     """Fused multi-LoRA delta of one (possibly packed) linear layer, in place.
 
     Semantics (n slices, e.g. q/k/v packed into one output)::
 
         off = offset_start
         for i in range(n):
-            y[t, off:off+o_i] += mask[t, idx[t]] * x[t] @ A_i[idx[t]].T @ B_i[idx[t]].T   for every t
+            for t in range(T):
+                if idx[t] >= 0:
+                    y[t, off:off+o_i] += scale * x[t] @ A_i[idx[t]].T @ B_i[idx[t]].T
             off += o_i
+
+    Grouped path: gather, bmm, bmm, gather, add. Stacked path: GEMM, mask, GEMM-accumulate. Few,
+    large ops matter on a loaded CPU: every op is an OpenMP parallel region.
 
     Args:
         y: (T, >= offset_start + sum(o_i)) layer output, updated in place.
         x: (T, in) layer input; the GEMMs run in ``x``'s dtype.
-        a_all: (n*L*r, in), slices stacked slice-major then slot-major (:func:`build_stacked`).
-        b_all: n tensors (L*r, o_i).
-        mask: (T, L) from :func:`onehot_mask` (scale folded in; all-zero row = no adapter).
-        output_slices: (o_1, ..., o_n).
+        a_slot, b_slot: from :func:`build_slot_weights` (dtype of ``x``).
+        plan: from :func:`plan_tokens` for this batch's slot ids.
+        scale: multiplies the delta.
 
     Raises:
         ValueError: shapes disagree.
     """
-    t, L = mask.shape
-    n = len(b_all)
-    if x.shape[0] != t:
-        raise ValueError(f"x has {x.shape[0]} rows but the LoRA mapping has {t} tokens")
-    if a_all.shape[0] % (n * L):
-        raise ValueError(f"a_all rows {a_all.shape[0]} not divisible by n*L = {n * L}")
-    s = torch.mm(x, a_all.t()).view(t, n, L, -1)  # (T, n, L, r)
-    s = (s * mask.view(t, 1, L, 1)).view(t, n, -1)  # zero outside each token's slot
-    off = offset_start
-    for i, (b, o) in enumerate(zip(b_all, output_slices)):
-        y[:, off:off + o] += torch.mm(s[:, i], b)  # (T, L*r) @ (L*r, o)
-        off += o
+    t, d_in = x.shape
+    if t != plan.num_tokens or a_slot.shape[0] != plan.num_slots + 1:
+        raise ValueError(f"x has {t} rows and weights {a_slot.shape[0] - 1} slots but the plan is for "
+                         f"{plan.num_tokens} tokens and {plan.num_slots} slots")
+    if not plan.any_lora:
+        return
+    width = b_slot.shape[2]
+    out = y if (offset_start == 0 and y.shape[1] == width) else y[:, offset_start:offset_start + width]
+    if plan.grouped:
+        gl, g = plan.groups, plan.group_size
+        xg = x.index_select(0, plan.perm).view(gl, g, d_in)
+        s = torch.bmm(xg, a_slot[:gl].transpose(1, 2))  # (L', G, n*r)
+        if scale != 1.0:
+            s.mul_(scale)
+        d = torch.bmm(s, b_slot[:gl]).view(gl * g, width)  # (L'*G, sum o_i)
+        out.add_(d.index_select(0, plan.inv))
+    else:
+        L, nr = plan.num_slots, a_slot.shape[1]
+        s = torch.mm(x, a_slot[:L].reshape(L * nr, d_in).t()).view(t, L, nr)  # every slot at once
+        m = plan.mask if scale == 1.0 else plan.mask * scale
+        s.mul_(m.view(t, L, 1))  # zero outside each token's slot
+        out.addmm_(s.view(t, L * nr), b_slot[:L].reshape(L * nr, width))

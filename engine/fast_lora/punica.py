@@ -6,11 +6,11 @@ vLLM routes every LoRA layer's work through one punica wrapper per model, picked
 
 What is overridden (vLLM 0.32.0, ``vllm/lora/punica_wrapper/punica_cpu.py``):
 
-- ``update_metadata``: also invalidates the stacked-weight cache when the slot layout changes and
-  drops the per-step token mask.
-- ``add_lora_linear`` (every q/k/v/o and MLP LoRA layer): one shrink GEMM for all slices and all
-  slots, a per-token mask, one expand GEMM per slice (:func:`engine.fast_lora.ops.lora_linear`)
-  instead of 2 x n gather-and-einsum calls.
+- ``update_metadata``: also invalidates the per-slot weight cache when the slot layout changes and
+  drops the per-step token plan.
+- ``add_lora_linear`` (every q/k/v/o and MLP LoRA layer): all slices and slots in one fused pass
+  (:func:`engine.fast_lora.ops.lora_linear`, grouped-bmm or stacked-GEMM path chosen once per
+  step by :func:`engine.fast_lora.ops.plan_tokens`) instead of 2 x n gather-and-einsum calls.
 - ``add_shrink``, ``add_expand``, ``add_lora_embedding``, ``add_lora_logits``: the drop-in
   ``bgmv_*`` kernels of ``ops`` with per-token indices (prefill and decode alike: vLLM's v1
   runner always marks batches as prefill on CPU, and the per-token ids equal the exploded
@@ -48,9 +48,9 @@ class FastPunicaWrapperCPU(PunicaWrapperCPU):
 
     def __init__(self, max_num_batched_tokens: int, max_batches: int, device: torch.device | str, **kwargs):
         super().__init__(max_num_batched_tokens, max_batches, device, **kwargs)
-        self._stacked = ops.StackedLoRACache()
+        self._weights = ops.SlotWeightCache()
         self._slot_layout: tuple | None = None
-        self._masks: dict[tuple, torch.Tensor] = {}
+        self._plans: dict[tuple, ops.TokenPlan] = {}
 
     # -- metadata ------------------------------------------------------------------------------
 
@@ -60,23 +60,21 @@ class FastPunicaWrapperCPU(PunicaWrapperCPU):
         super().update_metadata(mapping, lora_index_to_id, max_loras, vocab_size, **kwargs)
         layout = tuple(lora_index_to_id)
         if layout != self._slot_layout:
-            self._stacked.invalidate()
+            self._weights.invalidate()
             self._slot_layout = layout
-        self._masks.clear()
+        self._plans.clear()
 
     def _skip(self) -> bool:
         """The whole batch is on the base model (vLLM's own early exit in prefill mode)."""
         return self.is_prefill and self.no_lora
 
-    def _mask(self, num_slots: int, dtype: torch.dtype, scale: float) -> torch.Tensor:
-        """(T, L) token->slot mask of this step (cached across the model's layers)."""
-        if _compiling():
-            return ops.onehot_mask(self.token_lora_indices, num_slots, dtype, scale)
-        key = (num_slots, dtype, float(scale))
-        m = self._masks.get(key)
-        if m is None:
-            m = self._masks[key] = ops.onehot_mask(self.token_lora_indices, num_slots, dtype, scale)
-        return m
+    def _plan(self, num_slots: int, dtype: torch.dtype) -> ops.TokenPlan:
+        """This step's token layout (built on the first LoRA layer, reused by the others)."""
+        key = (num_slots, dtype)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = ops.plan_tokens(self.token_lora_indices, num_slots, dtype)
+        return plan
 
     # -- LoRA entry points ---------------------------------------------------------------------
 
@@ -100,12 +98,15 @@ class FastPunicaWrapperCPU(PunicaWrapperCPU):
             return
         x2 = x.reshape(-1, x.shape[-1])
         y2 = y.view(-1, y.shape[-1])
-        if _compiling():
-            a_all, b_all = ops.build_stacked(lora_a_stacked, lora_b_stacked, x2.dtype)
+        num_slots = lora_a_stacked[0].shape[0]
+        if _compiling():  # no Python-side caches inside a traced graph: stacked path, rebuilt
+            a_slot, b_slot = ops.build_slot_weights(lora_a_stacked, lora_b_stacked, x2.dtype)
+            mask = ops.onehot_mask(self.token_lora_indices, num_slots, x2.dtype)
+            plan = ops.TokenPlan(x2.shape[0], num_slots, grouped=False, any_lora=True, mask=mask)
         else:
-            a_all, b_all = self._stacked.get(lora_a_stacked, lora_b_stacked, x2.dtype)
-        mask = self._mask(lora_a_stacked[0].shape[0], x2.dtype, scale)
-        ops.lora_linear(y2, x2, a_all, b_all, mask, output_slices)
+            a_slot, b_slot = self._weights.get(lora_a_stacked, lora_b_stacked, x2.dtype)
+            plan = self._plan(num_slots, x2.dtype)
+        ops.lora_linear(y2, x2, a_slot, b_slot, plan, scale)
 
     def add_shrink(self, y, x: torch.Tensor, lora_a_stacked: tuple[torch.Tensor, ...], scale: float,
                    **kwargs: Any) -> None:

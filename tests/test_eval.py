@@ -1,0 +1,157 @@
+"""``essa eval`` (engine/evaluate.py): a fast test with a scripted back-end, and the real thing
+(vLLM on CPU, the default model, four GSM8K test rows from ../shared/data) through the CLI."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from hydra import compose, initialize_config_dir
+
+from engine.backends import Completion
+from engine.config import ConfigError, register_configs
+from engine.evaluate import register_eval_config, resolve_conditions, run_eval
+
+REPO = Path(__file__).resolve().parent.parent
+CONF = REPO / "conf"
+
+
+def compose_eval(overrides: list[str]):
+    register_configs()
+    register_eval_config()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("eval", overrides=overrides)
+
+
+def write_random_adapter(path: Path, model_path: str, rank: int = 8, seed: int = 0) -> Path:
+    """A small random PEFT LoRA (q, k, v, o of every layer) with shapes from the model's config.json."""
+    import torch
+
+    from engine.adapters import write_adapter
+
+    cfg = json.loads((Path(model_path) / "config.json").read_text())
+    h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    kv, hd = cfg.get("num_key_value_heads", heads), cfg.get("head_dim") or cfg["hidden_size"] // heads
+    shapes = {"q_proj": (h, heads * hd), "k_proj": (h, kv * hd), "v_proj": (h, kv * hd), "o_proj": (heads * hd, h)}
+    g = torch.Generator().manual_seed(seed)
+    lora = {}
+    for layer in range(cfg["num_hidden_layers"]):
+        for m, (d_in, d_out) in shapes.items():
+            key = f"base_model.model.model.layers.{layer}.self_attn.{m}"
+            lora[f"{key}.lora_A.weight"] = torch.randn(rank, d_in, generator=g) / d_in ** 0.5   # (r, in)
+            lora[f"{key}.lora_B.weight"] = 0.02 * torch.randn(d_out, rank, generator=g)        # (out, r)
+    return write_adapter(path, lora, rank, 16.0, model_path)
+
+
+class ChatTokenizer:
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
+        return "\n".join(f"<{m['role']}>{m['content']}" for m in messages) + "\n<assistant>"
+
+
+class ScriptedBackend:
+    """Base model: always wrong. Adapter: greedy right; sample g right when g < 2 (2 of n correct)."""
+
+    tokenizer = ChatTokenizer()
+
+    def __init__(self, answers: dict[str, str]):
+        self.answers, self.calls = answers, []
+
+    def generate(self, prompts, adapters, sampling, use_tqdm=True):
+        self.calls.append((len(prompts), len({a.lora_int_id if a else None for a in adapters}), sampling.n))
+        out = []
+        for p, a in zip(prompts, adapters):
+            ans = next(v for q, v in self.answers.items() if q in p)
+            if a is None:
+                texts = ["I think \\boxed{-1}"] * sampling.n
+            elif sampling.temperature == 0:
+                texts = [f"so \\boxed{{{ans}}}"]
+            else:
+                texts = [f"\\boxed{{{ans}}}" if g < 2 else "no idea" for g in range(sampling.n)]
+            out.append([Completion(t, 7) for t in texts])
+        return out
+
+
+def test_eval_with_scripted_backend(tmp_path):
+    from engine.tasks import load_task
+
+    adapter = tmp_path / "my_adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 8}))
+    cfg = compose_eval(["task.val_size=5", "n=4", "ks=[1,2,4]", f"adapters=[{adapter}]", "max_tokens=8"])
+    task = load_task(cfg.task)
+    backend = ScriptedBackend({p.question: p.answer for p in task.val})
+    summary = run_eval(cfg, tmp_path / "out", backend=backend)
+
+    assert backend.calls == [(10, 2, 1), (10, 2, 4)]          # one batch per pass, both conditions in it
+    base, ad = summary["conditions"]["no_adapter"], summary["conditions"]["my_adapter"]
+    assert base["greedy_accuracy"] == 0.0 and base["pass_at_k"] == {"1": 0.0, "2": 0.0, "4": 0.0}
+    assert ad["greedy_accuracy"] == 1.0 and ad["avg_at_n"] == 0.5
+    # 2 of 4 correct: pass@1 = 1/2, pass@2 = 1 - C(2,2)/C(4,2) = 5/6, pass@4 = 1
+    assert ad["pass_at_k"] == pytest.approx({"1": 0.5, "2": 5 / 6, "4": 1.0})
+    rows = pq.read_table(tmp_path / "out" / "eval_problems.parquet").to_pylist()
+    assert len(rows) == 10 and {r["condition"] for r in rows} == {"no_adapter", "my_adapter"}
+    r = next(r for r in rows if r["condition"] == "my_adapter")
+    assert (r["n"], r["n_correct"], r["greedy_correct"]) == (4, 2, True)
+    assert r["statuses"] == ["correct", "correct", "no_answer", "no_answer"]
+    saved = json.loads((tmp_path / "out" / "eval_summary.json").read_text())
+    assert saved["ks"] == [1, 2, 4] and saved["n_problems"] == 5
+
+
+def test_conditions_and_config_errors(tmp_path):
+    run = tmp_path / "run"
+    for name in ("mean", "best"):
+        (run / "adapters" / name).mkdir(parents=True)
+        (run / "adapters" / name / "adapter_config.json").write_text("{}")
+    assert list(resolve_conditions(str(run))) == ["no_adapter", "mean", "best"]
+    assert list(resolve_conditions([str(run), str(run / "adapters" / "mean")], include_base=False)) == \
+        ["run/mean", "run/best", "mean"]
+    assert list(resolve_conditions("none")) == ["no_adapter"]
+    with pytest.raises(FileNotFoundError, match="neither a PEFT adapter"):
+        resolve_conditions([str(tmp_path / "missing")])
+    with pytest.raises(ConfigError, match="include_base=true"):
+        resolve_conditions([], include_base=False)
+    for bad, msg in ((["n=4", "ks=[8]"], "ks="), (["n=4", "temperature=0"], "identical samples"),
+                     (["split=test"], "split=")):
+        with pytest.raises(ConfigError, match=msg):
+            run_eval(compose_eval(bad), tmp_path / "x", backend=ScriptedBackend({}))
+
+
+@pytest.mark.integration
+def test_essa_eval_on_gsm8k_rows(tmp_path):
+    """Four real GSM8K test rows, base model + a random LoRA adapter, through the essa CLI."""
+    from engine.model import resolve_model_path
+
+    if not (REPO.parent / "shared" / "data" / "gsm8k" / "test.jsonl").exists() and "ESSA_DATA" not in os.environ:
+        pytest.skip("GSM8K data not found (../shared/data/gsm8k)")
+    model_path = resolve_model_path("embedded:smollm2-135m-instruct")
+    adapter = write_random_adapter(tmp_path / "sft_like", model_path)
+    out = tmp_path / "eval_out"
+    args = ["eval", "task=gsm8k", "task.val_size=4", f"adapters=[{adapter}]", "n=4", "temperature=1.0",
+            "ks=[1,2,4]", "max_tokens=32", "engine.kv_cache_gib=1", "engine.max_num_seqs=64",
+            f"hydra.run.dir={out}"]
+    # The same code path as the console script; the schema registration mirrors engine/cli.py.
+    code = ("import sys; from engine.evaluate import register_eval_config; register_eval_config(); "
+            "from engine.cli import main; main(sys.argv[1:])")
+    res = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "pass@4" in res.stdout                                    # the printed table
+
+    summary = json.loads((out / "eval_summary.json").read_text())
+    assert set(summary["conditions"]) == {"no_adapter", "sft_like"}
+    assert summary["n_problems"] == 4 and summary["ks"] == [1, 2, 4]
+    for cond in summary["conditions"].values():
+        vals = [cond["greedy_accuracy"], cond["avg_at_n"], *cond["pass_at_k"].values()]
+        assert all(0.0 <= v <= 1.0 for v in vals), cond
+        pk = [cond["pass_at_k"][k] for k in ("1", "2", "4")]
+        assert pk == sorted(pk) and pk[0] == pytest.approx(cond["avg_at_n"])
+    rows = pq.read_table(out / "eval_problems.parquet").to_pylist()
+    assert len(rows) == 8
+    assert all(r["problem_id"].startswith("gsm8k/test/") and r["n"] + r["n_error"] == 4 for r in rows)
+    assert all(0 <= r["n_correct"] <= r["n"] and len(r["statuses"]) == 4 for r in rows)
+    assert (out / ".hydra" / "config.yaml").exists()
+    assert np.isfinite(summary["tokens_per_s"]) and summary["tokens"] > 0

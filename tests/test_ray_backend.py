@@ -1,0 +1,344 @@
+"""The Ray back-end (engine/backends/ray_backend.py).
+
+Fast tier: shard arithmetic, CPU binding, rollout merging, the back-end keyword arguments (must
+match the local engine's), and the fault-tolerant scheduler on a local Ray cluster with fake actors
+that die on purpose (no vLLM).
+
+Integration tier (real vLLM on CPU, the default model, 2 actors x 1 core, kv cache 1 GiB,
+population 4, 2-4 prompts, 16 tokens):
+* the Ray evaluator gives the local engine's fitness, rewards and completions for the same genomes
+  (greedy, vLLM's own LoRA kernels: see TINY), also after one actor's process is SIGKILLed
+  mid-generation;
+* the real ``essa train engine=ray`` CLI, with the test hook killing actor 1 in generation 1,
+  finishes, scores every candidate and logs the same fitness as ``essa train engine=local``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from engine.backends import AdapterRef, Sampling, lora_int_id
+from engine.backends.ray_backend import (MAX_SHARD_ATTEMPTS, RayPopulationEvaluator, backend_kwargs, balanced_shards,
+                                         cpu_bind, failed_shard, merge_rollouts, read_adapter_files)
+from engine.cli import CONF_DIR
+from engine.config import register_configs
+from engine.tasks import Problem
+
+register_configs()
+REPO = Path(__file__).resolve().parent.parent
+ESSA = str(Path(sys.executable).parent / "essa")
+# engine.fast_lora=false: exact equality needs batch-invariant LoRA kernels. vLLM's CPU kernels are (a
+# candidate's completions do not depend on the other adapters in its batch); essa's fast_lora kernels
+# currently are not (their stacked GEMM's reduction depends on how many adapters share the batch), so
+# with them even the local engine gives a candidate different greedy tokens in a shard than in the
+# whole population's batch.
+TINY = ["+experiment=tiny", "rollout.prompts_per_generation=2", "rollout.max_tokens=16", "eval.max_tokens=16",
+        "task.val_size=4", "engine.kv_cache_gib=1", "engine.fast_lora=false"]
+
+
+def train_cfg(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="train", overrides=list(overrides))
+
+
+# ----------------------------------------------------------------------------- fast tier
+@pytest.mark.parametrize("n,k,expected", [
+    (4, 2, [(0, 2), (2, 4)]),                 # even split
+    (5, 2, [(0, 3), (3, 5)]),                 # the first shard takes the extra candidate
+    (7, 3, [(0, 3), (3, 5), (5, 7)]),         # sizes 3, 2, 2
+    (2, 4, [(0, 1), (1, 2)]),                 # more actors than candidates: no empty shards
+    (0, 3, []),                               # nothing to do
+    (96, 16, [(6 * i, 6 * i + 6) for i in range(16)]),  # ESSA's default population on 16 GPUs
+])
+def test_balanced_shards(n, k, expected):
+    shards = balanced_shards(n, k)
+    assert shards == expected
+    sizes = [b - a for a, b in shards]
+    assert sum(sizes) == n and (not sizes or max(sizes) - min(sizes) <= 1)
+
+
+def test_balanced_shards_rejects_no_actors():
+    with pytest.raises(ValueError, match="k >= 1"):
+        balanced_shards(4, 0)
+
+
+@pytest.mark.parametrize("slot,cores,n_cores,expected", [
+    (0, 1, 2, "0"),        # this machine: actor in slot 0 on core 0 ...
+    (1, 1, 2, "1"),        # ... and slot 1 on core 1
+    (2, 1, 2, "0"),        # more slots than cores wrap around
+    (1, 4, 16, "4-7"),     # 4 cores per actor on a 16-core node
+    (0, 8, 4, "0-3"),      # asking for more cores than the node has: all of them
+    (0, 1, 1, "0"),
+])
+def test_cpu_bind(slot, cores, n_cores, expected):
+    assert cpu_bind(slot, cores, n_cores) == expected
+
+
+def _problems(n: int) -> list[Problem]:
+    return [Problem(id=f"p{i}", question=f"{i}+1?", answer=str(i + 1), solution=None) for i in range(n)]
+
+
+def test_failed_shard_is_nan_and_keeps_every_row():
+    res = failed_shard(np.zeros((2, 5)), _problems(3), generation=7, first_candidate=4, samples=2)
+    assert res.fitness.shape == (2,) and np.isnan(res.fitness).all()
+    assert res.rewards.shape == (2, 3, 2) and np.isnan(res.rewards).all()
+    assert len(res.rollouts["candidate"]) == 2 * 3 * 2
+    assert set(res.rollouts["candidate"]) == {4, 5} and set(res.rollouts["status"]) == {"error"}
+    assert set(res.rollouts["generation"]) == {7} and res.tokens == 0
+
+
+def test_merge_rollouts_concatenates_in_shard_order():
+    a = failed_shard(np.zeros((1, 2)), _problems(2), 0, 0, 1).rollouts
+    b = failed_shard(np.zeros((2, 2)), _problems(2), 0, 1, 1).rollouts
+    merged = merge_rollouts([a, b])
+    assert merged["candidate"] == [0, 0, 1, 1, 2, 2]
+    assert merged["prompt_id"] == ["p0", "p1"] * 3
+
+
+def test_read_adapter_files(tmp_path):
+    (tmp_path / "adapter_config.json").write_text("{}")
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"\x00\x01")
+    assert read_adapter_files(tmp_path) == {"adapter_config.json": b"{}", "adapter_model.safetensors": b"\x00\x01"}
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        read_adapter_files(tmp_path / "missing")
+
+
+def test_backend_kwargs_match_the_local_engine(monkeypatch):
+    """The actors' engines get exactly the arguments engine.loop.build_evaluator gives the local one."""
+    import engine.backends.vllm_local as vllm_local
+    from engine.loop import build_evaluator
+
+    seen = {}
+
+    class Recorder:
+        def __init__(self, model, **kwargs):
+            seen.update(kwargs)
+
+    monkeypatch.setattr(vllm_local, "VLLMBackend", Recorder)
+    cfg = train_cfg("engine=ray", "+experiment=tiny")
+    local = OmegaConf.merge(cfg, {"engine": {"backend": "local"}})
+    ev = build_evaluator(local, "model", codec=None, meta=None, tokenizer=None)
+    ev.close()
+    assert backend_kwargs(cfg) == seen
+
+
+# -- the scheduler, on a real local Ray cluster with fake actors ------------------------------------
+class FakeActor:
+    """Stands in for EvaluatorActor: ``work(s)`` returns (s, pid) or kills its own process first."""
+
+    def __init__(self, marker_dir: str, die_on: tuple = (), always_die_on: tuple = ()):
+        self.marker_dir, self.die_on, self.always_die_on = Path(marker_dir), set(die_on), set(always_die_on)
+
+    def info(self) -> dict:
+        return {"pid": os.getpid(), "startup_s": 0.0}
+
+    def work(self, shard: int):
+        marker = self.marker_dir / f"died-{shard}"
+        if shard in self.always_die_on or (shard in self.die_on and not marker.exists()):
+            marker.touch()
+            os._exit(1)
+        time.sleep(0.2)
+        return shard, os.getpid()
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test module
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def _scheduler(ray, tmp_path, max_restarts: int, **fake) -> RayPopulationEvaluator:
+    ev = object.__new__(RayPopulationEvaluator)  # the scheduler only, no vLLM engines
+    cls = ray.remote(FakeActor)
+    ev.actors = [cls.options(num_cpus=0, max_restarts=max_restarts, max_task_retries=0).remote(str(tmp_path), **fake)
+                 for _ in range(2)]
+    ev.num_actors, ev._alive, ev._recovering, ev.shard_retries = 2, {0, 1}, {}, 0
+    ray.get([a.info.remote() for a in ev.actors])
+    return ev
+
+
+def test_dispatch_reruns_the_shard_of_a_killed_actor(ray_cluster, tmp_path, caplog):
+    ev = _scheduler(ray_cluster, tmp_path, max_restarts=1, die_on=(1,))
+    with caplog.at_level(logging.WARNING, logger="essa.ray"):
+        out = ev._dispatch(lambda a, s: a.work.remote(s), 4, "generation 0", lambda s: f"shard {s}")
+    assert [r[0][0] for r in out] == [0, 1, 2, 3]  # every shard, in order
+    assert ev.shard_retries == 1
+    assert "Ray actor 1 died" in caplog.text and "generation 0" in caplog.text and "shard 1" in caplog.text
+    # the killed actor comes back (Ray restart) and serves the next call
+    out = ev._dispatch(lambda a, s: a.work.remote(s), 4, "generation 1", str)
+    assert ev._alive == {0, 1} and not ev._recovering
+    assert {r[1] for r in out} <= {0, 1}
+
+
+def test_dispatch_goes_on_without_an_actor_that_cannot_restart(ray_cluster, tmp_path, caplog):
+    ev = _scheduler(ray_cluster, tmp_path, max_restarts=0, die_on=(0,))
+    with caplog.at_level(logging.WARNING, logger="essa.ray"):
+        out = ev._dispatch(lambda a, s: a.work.remote(s), 3, "generation 5", str)
+    assert [r[0][0] for r in out] == [0, 1, 2]
+    assert ev._alive == {1} and "gone for good" in caplog.text
+    out = ev._dispatch(lambda a, s: a.work.remote(s), 2, "generation 6", str)
+    assert {r[1] for r in out} == {1}
+
+
+def test_dispatch_scores_a_poison_shard_nan_after_max_attempts(ray_cluster, tmp_path, caplog):
+    ev = _scheduler(ray_cluster, tmp_path, max_restarts=10, always_die_on=(2,))
+    with caplog.at_level(logging.ERROR, logger="essa.ray"):
+        out = ev._dispatch(lambda a, s: a.work.remote(s), 4, "generation 0", lambda s: f"shard {s}")
+    assert out[2] is None and all(out[s] is not None for s in (0, 1, 3))
+    assert ev.shard_retries == MAX_SHARD_ATTEMPTS and "scoring it NaN" in caplog.text
+
+
+def test_dispatch_raises_when_every_actor_is_dead(ray_cluster, tmp_path):
+    ev = _scheduler(ray_cluster, tmp_path, max_restarts=0, always_die_on=(0, 1))
+    with pytest.raises(RuntimeError, match="all 2 Ray actors are dead"):
+        ev._dispatch(lambda a, s: a.work.remote(s), 2, "generation 0", str)
+
+
+# ----------------------------------------------------------------------------- integration tier
+@pytest.fixture(scope="module")
+def tiny():
+    """Composed tiny ray config, SFT adapter (cached warm start), codec, reward, genomes, minibatches."""
+    from engine.adapters import read_adapter
+    from engine.loop import minibatch
+    from engine.model import resolve_model_path
+    from engine.population import AdapterMeta
+    from engine.sft import warm_start
+    from engine.tasks import load_task
+    from rewards import MathReward
+    from strategies.genomes import make_genome
+
+    cfg = train_cfg("engine=ray", *TINY)
+    model_path = resolve_model_path(cfg.model.path)
+    task = load_task(cfg.task)
+    sft_dir = warm_start(model_path, task.train, cfg.sft, cfg.lora, cfg.task.system_prompt)
+    codec = make_genome("svd_lora", read_adapter(sft_dir)[0], alpha=1.0, mode="additive")
+    return dict(
+        cfg=cfg, model_path=model_path, codec=codec, sft_dir=sft_dir, val=task.val[:2],
+        meta=AdapterMeta(cfg.lora.rank, cfg.lora.alpha, tuple(cfg.lora.target_modules), model_path),
+        reward=MathReward(lenient=cfg.reward.lenient, timeout_s=cfg.reward.timeout_s),
+        genomes=np.random.default_rng(0).normal(0.0, 0.3, size=(4, codec.dim)),  # (P, D), distinct candidates
+        batch2=minibatch(task.train, 2, cfg.seed, 0), batch4=minibatch(task.train, 4, cfg.seed, 1),
+        sampling=Sampling(max_tokens=16, temperature=0.0, n=1, seed=cfg.seed))
+
+
+def _same(a, b):
+    np.testing.assert_array_equal(a.fitness, b.fitness)
+    np.testing.assert_array_equal(a.rewards, b.rewards)
+    for col in ("candidate", "prompt_id", "sample", "completion", "n_tokens", "status"):
+        assert a.rollouts[col] == b.rollouts[col], col
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(1500)
+def test_ray_equals_local_and_survives_sigkill(tiny, caplog):
+    from engine.loop import build_evaluator
+
+    t, genomes, s = tiny, tiny["genomes"], tiny["sampling"]
+    sft_ref = AdapterRef("sft", lora_int_id(-1, 0), str(t["sft_dir"]))
+    # 1. the local engine (shut down before the actors start: one engine at a time on 2 cores)
+    local_cfg = OmegaConf.merge(t["cfg"], {"engine": {"backend": "local"}})
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(t["model_path"])
+    local = build_evaluator(local_cfg, t["model_path"], t["codec"], t["meta"], tokenizer)
+    try:
+        want2 = local.evaluate(genomes, t["batch2"], 0, s)
+        want4 = local.evaluate(genomes, t["batch4"], 1, s)
+        want_score = local.score([None, sft_ref], t["val"], s)
+    finally:
+        local.backend.close()
+        local.close()
+    assert len(set(want2.rollouts["completion"])) > 1  # candidates differ: the comparison means something
+
+    # 2. two actors, one core each
+    ray_ev = RayPopulationEvaluator(t["cfg"], t["model_path"], t["codec"], t["meta"], t["reward"])
+    try:
+        got = ray_ev.evaluate(genomes, t["batch2"], 0, s)
+        _same(got, want2)
+        for k in (0, 1):
+            assert got.timings[f"actor{k}_tokens_per_s"] > 0 and got.timings[f"actor{k}_idle_s"] >= 0
+        assert got.timings["shard_retries"] == 0 and got.tokens == want2.tokens
+        rw, comps, ex, st = ray_ev.score([None, sft_ref], t["val"], s)
+        np.testing.assert_array_equal(rw, want_score[0])
+        texts = lambda nested: [[c.text for c in n] for a in nested for n in a]  # noqa: E731
+        assert texts(comps) == texts(want_score[1])
+        assert st == want_score[3]
+        mean_ref = ray_ev.write_candidates(genomes[:1], generation=0, first_candidate=4)[0]
+        assert ray_ev.score([mean_ref], t["val"], s)[0].shape == (1, 2, 1)
+        ray_ev.release(0)
+
+        # 3. SIGKILL actor 1's process one second into a generation
+        pids = ray_ev.pids()
+        killer = threading.Timer(1.0, os.kill, (pids[1], signal.SIGKILL))
+        with caplog.at_level(logging.WARNING, logger="essa.ray"):
+            killer.start()
+            got = ray_ev.evaluate(genomes, t["batch4"], 1, s)
+        killer.join()
+        assert got.timings["shard_retries"] >= 1, "the kill landed outside the generation"
+        assert "Ray actor 1 died" in caplog.text and "generation 1" in caplog.text
+        assert np.isfinite(got.fitness).all() and sorted(set(got.rollouts["candidate"])) == [0, 1, 2, 3]
+        _same(got, want4)
+
+        # 4. the run goes on: Ray restarts actor 1 (new process) and both actors serve again
+        new_pids = ray_ev.pids()
+        assert new_pids[0] == pids[0] and new_pids[1] != pids[1]
+        got = ray_ev.evaluate(genomes, t["batch2"], 2, s)
+        _same(got, want2)
+        assert got.timings["actor1_tokens_per_s"] > 0
+    finally:
+        ray_ev.close()
+
+
+def _train(run_dir: Path, *overrides: str, env: dict | None = None) -> str:
+    proc = subprocess.run([ESSA, "train", *TINY, f"hydra.run.dir={run_dir}", *overrides], cwd=REPO,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1500,
+                          env={**os.environ, **(env or {})})
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    return proc.stdout
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(3000)
+def test_cli_ray_run_survives_a_killed_actor_and_matches_local(tmp_path):
+    local_out = _train(tmp_path / "local", "engine=local")
+    ray_out = _train(tmp_path / "ray", "engine=ray", env={"ESSA_RAY_TEST_FAULT": "1:1"})
+    assert "Ray actor 1 died" in ray_out and "generation 1" in ray_out
+
+    local_m = pq.read_table(tmp_path / "local" / "metrics.parquet").to_pylist()
+    ray_m = pq.read_table(tmp_path / "ray" / "metrics.parquet").to_pylist()
+    assert [m["generation"] for m in ray_m] == [0, 1]
+    for a, b in zip(local_m, ray_m):
+        for col in ("fitness_mean", "fitness_max", "fitness_min", "fitness_std", "sigma", "tokens", "n_failed"):
+            assert a[col] == b[col] or (np.isnan(a[col]) and np.isnan(b[col])), (col, a[col], b[col])
+        for k in (0, 1):
+            assert f"t_actor{k}_tokens_per_s" in b and f"t_actor{k}_idle_s" in b
+    assert [m["t_shard_retries"] for m in ray_m] == [0.0, 1.0]
+    for g in (0, 1):
+        lr = pq.read_table(tmp_path / "local" / "rollouts" / f"gen_{g:06d}.parquet").to_pylist()
+        rr = pq.read_table(tmp_path / "ray" / "rollouts" / f"gen_{g:06d}.parquet").to_pylist()
+        assert len(rr) == 4 * 2 and {r["candidate"] for r in rr} == {0, 1, 2, 3}
+        assert all(r["status"] != "error" for r in rr)
+        assert [(r["candidate"], r["completion"]) for r in lr] == [(r["candidate"], r["completion"]) for r in rr]
+    lv = pq.read_table(tmp_path / "local" / "validation.parquet").to_pylist()
+    rv = pq.read_table(tmp_path / "ray" / "validation.parquet").to_pylist()
+    key = lambda rows: [(v["step"], v["condition"], v["accuracy"]) for v in rows]  # noqa: E731
+    assert key(lv) == key(rv)
+    assert (tmp_path / "ray" / "adapters" / "mean" / "adapter_model.safetensors").exists()
+    assert (tmp_path / "ray" / "checkpoint.pkl").exists()
