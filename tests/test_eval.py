@@ -134,10 +134,8 @@ def test_essa_eval_on_gsm8k_rows(tmp_path):
     args = ["eval", "task=gsm8k", "task.val_size=4", f"adapters=[{adapter}]", "n=4", "temperature=1.0",
             "ks=[1,2,4]", "max_tokens=32", "engine.kv_cache_gib=1", "engine.max_num_seqs=64",
             f"hydra.run.dir={out}"]
-    # The same code path as the console script; the schema registration mirrors engine/cli.py.
-    code = ("import sys; from engine.evaluate import register_eval_config; register_eval_config(); "
-            "from engine.cli import main; main(sys.argv[1:])")
-    res = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=900)
+    essa = str(Path(sys.executable).parent / "essa")  # the console script users run
+    res = subprocess.run([essa, *args], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "pass@4" in res.stdout                                    # the printed table
 

@@ -151,8 +151,23 @@ def _layer(slots, r, d_in, outs, dtype, seed):
     return a, b
 
 
+def _forced_plan(idx, slots, dtype, path):
+    """A plan of the requested kind: runs (consecutive ids), slots (gathered by id), stacked."""
+    kw = {"runs": dict(run_padding=1e9, slot_padding=1e9, small_batch=0),
+          "slots": dict(run_padding=0.0, slot_padding=1e9, small_batch=0),
+          "stacked": dict(run_padding=0.0, slot_padding=0.0, small_batch=0)}[path]
+    plan = ops.plan_tokens(idx, slots, dtype, **kw)
+    if path == "runs" and len(torch.unique_consecutive(idx)) > max(2 * (slots + 1), 16):
+        path = "slots"  # too many runs: the planner falls back to grouping by slot
+    assert plan.mode == ("stacked" if path == "stacked" else "grouped"), plan.mode
+    return plan
+
+
 BATCHES = {  # name -> (T, slot ids builder)
     "balanced": (64, lambda t, L: torch.arange(t) % L),
+    "population_runs": (64, lambda t, L: torch.arange(t) // (t // L)),  # P runs of B tokens: no copy
+    "permuted_runs": (64, lambda t, L: (torch.arange(t) // (t // L) * 3 + 1) % L),
+    "unequal_runs_with_none": (40, lambda t, L: torch.tensor([1] * 9 + [-1] * 6 + [0] * 13 + [L - 1] * 12)),
     "mixed_with_none": (50, lambda t, L: _ids(t, L, seed=3)),
     "skewed": (96, lambda t, L: torch.cat([torch.zeros(80, dtype=torch.long), torch.arange(16) % L])),
     "one_token": (1, lambda t, L: torch.tensor([L - 1])),
@@ -160,7 +175,7 @@ BATCHES = {  # name -> (T, slot ids builder)
 
 
 @pytest.mark.parametrize("batch", sorted(BATCHES))
-@pytest.mark.parametrize("path", ["grouped", "stacked"])
+@pytest.mark.parametrize("path", ["runs", "slots", "stacked"])
 @pytest.mark.parametrize("outs", [(576, 192, 192), (576,)], ids=["qkv", "o"])
 @pytest.mark.parametrize("slots", [4, 16])
 def test_lora_linear_fp32_matches_reference(batch, path, outs, slots):
@@ -171,10 +186,7 @@ def test_lora_linear_fp32_matches_reference(batch, path, outs, slots):
     start = torch.randn(t, sum(outs), generator=_gen(t + 1))
     expect = start.clone()
     _reference_linear(expect, x, a, b, idx, 0.5, outs)
-    # force the path: a huge padding allowance -> grouped; none -> stacked
-    pad = 1e9 if path == "grouped" else 0.0
-    plan = ops.plan_tokens(idx, slots, torch.float32, max_padding=pad, small_batch=0)
-    assert plan.grouped == (path == "grouped")
+    plan = _forced_plan(idx, slots, torch.float32, path)
     a_slot, b_slot = ops.build_slot_weights(a, b, torch.float32)
     y = start.clone()
     ops.lora_linear(y, x, a_slot, b_slot, plan, scale=0.5)
@@ -183,7 +195,7 @@ def test_lora_linear_fp32_matches_reference(batch, path, outs, slots):
     torch.testing.assert_close(y[none], start[none], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("path", ["grouped", "stacked"])
+@pytest.mark.parametrize("path", ["runs", "slots", "stacked"])
 def test_lora_linear_bf16_close_to_reference(path):
     """Serving dtype: bf16 activations/weights, as vLLM hands them to the wrapper."""
     slots, t, outs = 16, 256, (576, 192, 192)
@@ -193,8 +205,7 @@ def test_lora_linear_bf16_close_to_reference(path):
     start = torch.randn(t, sum(outs), generator=_gen(13)).bfloat16()
     expect = start.clone()
     _reference_linear(expect, x, a, b, idx, 1.0, outs)
-    plan = ops.plan_tokens(idx, slots, torch.bfloat16, max_padding=1e9 if path == "grouped" else 0.0,
-                           small_batch=0)
+    plan = _forced_plan(idx, slots, torch.bfloat16, path)
     y = start.clone()
     ops.lora_linear(y, x, *ops.build_slot_weights(a, b, torch.bfloat16), plan)
     torch.testing.assert_close(y.float(), expect.float(), **BF16)
@@ -227,26 +238,41 @@ def test_lora_linear_rejects_mismatched_plan():
 # Planning and caching
 # ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("idx,slots,grouped,any_lora", [
-    (torch.arange(256) % 16, 16, True, True),                   # ESSA population: equal groups
-    (torch.tensor([-1, -1, -1]), 4, False, False),              # base model only: nothing to do
-    (torch.cat([torch.zeros(900, dtype=torch.long), torch.arange(100) % 16]), 16, False, True),  # prefill skew
-    (torch.tensor([3, -1, 0]), 4, True, True),                  # tiny decode batch
+@pytest.mark.parametrize("idx,slots,mode,no_copy", [
+    (torch.arange(256) // 16, 16, "grouped", True),              # ESSA decode: P runs of B tokens
+    (torch.arange(256) % 16, 16, "grouped", False),              # interleaved: gathered by slot
+    (torch.tensor([-1, -1, -1]), 4, "none", None),               # base model only: nothing to do
+    (torch.cat([torch.zeros(2000, dtype=torch.long), torch.randint(0, 16, (100,), generator=_gen(0))]),
+     16, "stacked", None),                                       # one long run + scattered tokens
+    (torch.tensor([3, -1, 0]), 4, "grouped", True),              # tiny decode batch
 ])
-def test_plan_tokens_choice(idx, slots, grouped, any_lora):
+def test_plan_tokens_choice(idx, slots, mode, no_copy):
     plan = ops.plan_tokens(idx, slots, torch.float32)
-    assert plan.any_lora == any_lora
-    if any_lora:
-        assert plan.grouped == grouped
+    assert plan.mode == mode
+    if mode == "grouped":
+        assert (plan.perm is None) == no_copy
 
 
 def test_plan_tokens_grouped_layout_is_a_permutation():
     idx = _ids(37, 5, seed=2)
-    plan = ops.plan_tokens(idx, 5, torch.float32, max_padding=1e9)
-    assert plan.grouped and plan.groups == 6  # -1 present -> zero slot 5
+    plan = ops.plan_tokens(idx, 5, torch.float32, run_padding=0.0, slot_padding=1e9)
+    assert plan.mode == "grouped" and plan.units.tolist() == list(range(6))  # -1 -> zero slot 5
     assert sorted(plan.perm[plan.inv].tolist()) == list(range(37))
-    slot_of_pos = plan.inv // plan.group_size
+    slot_of_pos = plan.units[plan.inv // plan.group_size]
     torch.testing.assert_close(slot_of_pos, torch.where(idx < 0, 5, idx))
+
+
+def test_unit_weights_are_cached_per_plan():
+    a, b = _layer(4, 8, 16, (8,), torch.float32, seed=0)
+    cache = ops.SlotWeightCache()
+    plan = ops.plan_tokens(torch.tensor([2, 2, 0, 0, 3, 3]), 4, torch.float32)
+    assert plan.mode == "grouped" and not plan.units_are_prefix and plan.perm is None
+    u1 = cache.get_units(a, b, torch.float32, plan)
+    assert cache.get_units(a, b, torch.float32, plan)[0] is u1[0]
+    a_slot, _ = cache.get(a, b, torch.float32)
+    torch.testing.assert_close(u1[0], a_slot[[2, 0, 3]])
+    plan2 = ops.plan_tokens(torch.tensor([2, 2, 0, 0, 3, 3]), 4, torch.float32)
+    assert cache.get_units(a, b, torch.float32, plan2)[0] is not u1[0]
 
 
 def test_slot_weight_cache_rebuilds_on_change():

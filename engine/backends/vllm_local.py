@@ -92,6 +92,11 @@ class VLLMBackend:
         if enable_lora:
             kwargs.update(enable_lora=True, max_lora_rank=round_lora_rank(max_lora_rank),
                           max_loras=max_loras, max_cpu_loras=max_loras)
+        if self.cpu:
+            # vLLM 0.32 CPU: a seeded request whose prompt is split across scheduler steps kills the
+            # engine ("CPU Generator does not use offset"); whole-prompt prefill avoids it.
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max(4096, max_model_len, max_num_seqs)
         kwargs.update(extra or {})
         t0 = time.perf_counter()
         self.llm = LLM(**kwargs)

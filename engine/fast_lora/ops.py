@@ -44,8 +44,9 @@ shrink result to bf16 before the expand anyway, so both round the intermediate t
 """
 from __future__ import annotations
 
+import itertools
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -289,26 +290,31 @@ def build_slot_weights(lora_a_stacked: Sequence[torch.Tensor], lora_b_stacked: S
 
 
 class SlotWeightCache:
-    """:func:`build_slot_weights` per layer, rebuilt only when that layer's slots change.
+    """:func:`build_slot_weights` per layer, rebuilt only when that layer's slots change, and the
+    per-unit weights a grouped :class:`TokenPlan` gathers from them, rebuilt only when the plan does.
 
     vLLM updates each layer's ``lora_a_stacked``/``lora_b_stacked`` in place when it loads an
     adapter into a slot. Entries are keyed by the identity of the layer's first A tensor and are
     stale when any of the layer's tensors' version counters moved or after :meth:`invalidate`
     (the punica wrapper calls it whenever the slot layout changes, which also covers tensors
-    without a version counter, e.g. inference tensors).
+    without a version counter, e.g. inference tensors). vLLM keeps a batch's LoRA mapping, hence
+    the plan, across decode steps until a request joins or leaves, so the gathered unit weights
+    are reused for many steps.
 
-    Memory: one copy of the stacked LoRA weights (B block-diagonal): ~25 MB at L = 16 for the
-    30-layer 135M model.
+    Memory: one copy of the stacked LoRA weights (B block-diagonal) plus at most one gathered copy
+    per plan: ~25 + 25 MB at L = 16 for the 30-layer 135M model.
     """
 
     def __init__(self) -> None:
         self._entries: dict[int, tuple] = {}
+        self._units: dict[int, tuple] = {}
         self.epoch = 0
         self.builds = 0
 
     def invalidate(self) -> None:
         """Drop every entry (slot contents changed)."""
         self._entries.clear()
+        self._units.clear()
         self.epoch += 1
 
     @staticmethod
@@ -330,74 +336,121 @@ class SlotWeightCache:
                 return a_slot, b_slot
         a_slot, b_slot = build_slot_weights(lora_a_stacked, lora_b_stacked, dtype)
         self._entries[key] = (weakref.ref(lora_a_stacked[0]), self.epoch, versions, dtype, a_slot, b_slot)
+        self._units.pop(key, None)
         self.builds += 1
         return a_slot, b_slot
+
+    def get_units(self, lora_a_stacked: Sequence[torch.Tensor], lora_b_stacked: Sequence[torch.Tensor],
+                  dtype: torch.dtype, plan: "TokenPlan") -> tuple[torch.Tensor, torch.Tensor]:
+        """``(A_slot, B_slot)`` rows for ``plan.units`` (views when the units are slots 0..U-1)."""
+        a_slot, b_slot = self.get(lora_a_stacked, lora_b_stacked, dtype)
+        if plan.units_are_prefix:
+            return a_slot[:plan.units.shape[0]], b_slot[:plan.units.shape[0]]
+        key = id(lora_a_stacked[0])
+        hit = self._units.get(key)
+        if hit is not None and hit[0] == plan.key and hit[1] is a_slot:
+            return hit[2], hit[3]
+        a_u, b_u = a_slot.index_select(0, plan.units), b_slot.index_select(0, plan.units)
+        self._units[key] = (plan.key, a_slot, a_u, b_u)
+        return a_u, b_u
+
+
+_plan_counter = itertools.count()
 
 
 @dataclass(frozen=True)
 class TokenPlan:
-    """How one batch's tokens are laid out for :func:`lora_linear` (built once per step).
+    """How one batch's tokens are laid out for :func:`lora_linear` (built when the mapping changes).
+
+    Grouped mode batches U "units" of G token rows each through ``bmm``: a unit is either a run of
+    consecutive tokens with the same slot (vLLM keeps each request's tokens together, and an ESSA
+    population's decode batch is P runs of B tokens: then ``x`` is viewed as (U, G, in) without
+    any copy) or all tokens of one slot (gathered, for scrambled batches).
 
     Attributes:
         num_tokens: T.
         num_slots: L.
-        grouped: True = grouped bmm path, False = stacked masked path.
-        any_lora: False when every token has idx -1 (nothing to do).
-        groups: L' = L, or L + 1 when some token has no adapter (grouped path).
-        group_size: G, the largest group (grouped path).
-        perm: (L'*G,) int64, token row of each padded position (padding repeats row 0).
-        inv: (T,) int64, padded position of each token.
-        mask: (T, L) float, one at [t, idx[t]] (stacked path; zero row for -1).
+        mode: "none" (no token has an adapter), "grouped" or "stacked".
+        units: (U,) int64 slot of each unit (L = the zero "no adapter" slot).
+        group_size: G, rows per unit (shorter units are padded).
+        perm: (U*G,) int64 token row of each padded position (padding repeats row 0), or None when
+            the units tile the tokens in order (no gather).
+        inv: (T,) int64 padded position of each token, or None like ``perm``.
+        units_are_prefix: ``units`` is 0..U-1 (weights are views, nothing gathered).
+        mask: (T, L) one-hot token->slot mask, stacked mode.
+        key: unique id of this plan (keys the gathered unit weights).
     """
 
     num_tokens: int
     num_slots: int
-    grouped: bool
-    any_lora: bool
-    groups: int = 0
+    mode: str
+    units: torch.Tensor | None = None
     group_size: int = 0
     perm: torch.Tensor | None = None
     inv: torch.Tensor | None = None
+    units_are_prefix: bool = False
     mask: torch.Tensor | None = None
+    key: int = field(default_factory=lambda: next(_plan_counter))
 
 
-def plan_tokens(indices: torch.Tensor, num_slots: int, dtype: torch.dtype,
-                max_padding: float = 2.0, small_batch: int = 64) -> TokenPlan:
-    """Choose the kernel for a batch and precompute its index tensors.
+def _padded_layout(unit_of_token: torch.Tensor, pos_in_unit: torch.Tensor, num_units: int,
+                   group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """perm (U*G,) and inv (T,) for tokens placed at (unit, position)."""
+    inv = unit_of_token * group_size + pos_in_unit
+    perm = torch.zeros(num_units * group_size, dtype=torch.long, device=inv.device)
+    perm[inv] = torch.arange(inv.shape[0], device=inv.device)
+    return perm, inv
 
-    Grouped is chosen when the padded size L'*G is at most ``max_padding`` x T, or at most
-    ``small_batch`` rows (decode of a few sequences); otherwise stacked.
+
+def plan_tokens(indices: torch.Tensor, num_slots: int, dtype: torch.dtype, run_padding: float = 1.25,
+                slot_padding: float = 2.0, small_batch: int = 64) -> TokenPlan:
+    """Choose the kernel layout for a batch's slot ids.
+
+    In order of preference:
+    1. grouped by runs of consecutive equal ids, when there are at most ``max(2(L+1), 16)`` runs
+       and padding them to the longest adds at most ``run_padding`` x T rows (equal runs: none);
+    2. grouped by slot, when padding every slot's tokens to the largest group adds at most
+       ``slot_padding`` x T rows (or at most ``small_batch`` rows in all);
+    3. stacked (every token against every slot, masked).
 
     Args:
         indices: (T,) int64 slot per token, -1 = no adapter.
         num_slots: L.
-        dtype: dtype of the stacked path's mask.
+        dtype: dtype of the stacked mode's mask.
     """
     t = int(indices.shape[0])
+    dev = indices.device
     no_lora = indices < 0
-    n_none = int(no_lora.sum())
-    if n_none == t:
-        return TokenPlan(t, num_slots, grouped=False, any_lora=False)
+    if bool(no_lora.all()):
+        return TokenPlan(t, num_slots, "none")
     slot = torch.where(no_lora, num_slots, indices)  # -1 -> the zero slot L
-    groups = num_slots + 1 if n_none else num_slots
-    counts = torch.bincount(slot, minlength=groups)
+    run_slot, run_len = torch.unique_consecutive(slot, return_counts=True)
+    n_runs, g = int(run_slot.shape[0]), int(run_len.max())
+    if n_runs <= max(2 * (num_slots + 1), 16) and n_runs * g <= run_padding * t:
+        prefix = bool(torch.equal(run_slot, torch.arange(n_runs, device=dev)))
+        if n_runs * g == t:  # equal runs tile the batch: no gather at all
+            return TokenPlan(t, num_slots, "grouped", run_slot, g, units_are_prefix=prefix)
+        unit = torch.repeat_interleave(torch.arange(n_runs, device=dev), run_len)
+        pos = torch.arange(t, device=dev) - torch.repeat_interleave(torch.cumsum(run_len, 0) - run_len, run_len)
+        perm, inv = _padded_layout(unit, pos, n_runs, g)
+        return TokenPlan(t, num_slots, "grouped", run_slot, g, perm, inv, units_are_prefix=prefix)
+    n_units = num_slots + 1 if bool(no_lora.any()) else num_slots
+    counts = torch.bincount(slot, minlength=n_units)
     g = int(counts.max())
-    if groups * g <= max(max_padding * t, small_batch):
+    if n_units * g <= max(slot_padding * t, small_batch):
         order = torch.argsort(slot, stable=True)
-        starts = torch.cumsum(counts, 0) - counts
-        s_sorted = slot[order]
-        pos = s_sorted * g + (torch.arange(t, device=indices.device) - starts[s_sorted])
-        perm = torch.zeros(groups * g, dtype=torch.long, device=indices.device)
-        perm[pos] = order
-        inv = torch.empty_like(pos)
-        inv[order] = pos
-        return TokenPlan(t, num_slots, grouped=True, any_lora=True, groups=groups, group_size=g,
-                         perm=perm, inv=inv)
-    return TokenPlan(t, num_slots, grouped=False, any_lora=True, mask=onehot_mask(indices, num_slots, dtype))
+        start = torch.cumsum(counts, 0) - counts
+        pos = torch.empty_like(slot)
+        pos[order] = torch.arange(t, device=dev) - start[slot[order]]
+        perm, inv = _padded_layout(slot, pos, n_units, g)
+        return TokenPlan(t, num_slots, "grouped", torch.arange(n_units, device=dev), g, perm, inv,
+                         units_are_prefix=True)
+    return TokenPlan(t, num_slots, "stacked", mask=onehot_mask(indices, num_slots, dtype))
 
 
 def lora_linear(y: torch.Tensor, x: torch.Tensor, a_slot: torch.Tensor, b_slot: torch.Tensor,
-                plan: TokenPlan, scale: float = 1.0, offset_start: int = 0) -> None:
+                plan: TokenPlan, scale: float = 1.0, offset_start: int = 0,
+                unit_weights: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """Fused multi-LoRA delta of one (possibly packed) linear layer, in place.
 
     Semantics (n slices, e.g. q/k/v packed into one output)::
@@ -409,8 +462,9 @@ def lora_linear(y: torch.Tensor, x: torch.Tensor, a_slot: torch.Tensor, b_slot: 
                     y[t, off:off+o_i] += scale * x[t] @ A_i[idx[t]].T @ B_i[idx[t]].T
             off += o_i
 
-    Grouped path: gather, bmm, bmm, gather, add. Stacked path: GEMM, mask, GEMM-accumulate. Few,
-    large ops matter on a loaded CPU: every op is an OpenMP parallel region.
+    Grouped mode: ``bmm`` then ``baddbmm_`` into ``y`` (2 ops) when the units tile the batch, plus
+    a gather of ``x`` and of the result otherwise. Stacked mode: GEMM, mask, GEMM-accumulate.
+    Few, large ops matter on a loaded CPU: every op is an OpenMP parallel region.
 
     Args:
         y: (T, >= offset_start + sum(o_i)) layer output, updated in place.
@@ -418,6 +472,7 @@ def lora_linear(y: torch.Tensor, x: torch.Tensor, a_slot: torch.Tensor, b_slot: 
         a_slot, b_slot: from :func:`build_slot_weights` (dtype of ``x``).
         plan: from :func:`plan_tokens` for this batch's slot ids.
         scale: multiplies the delta.
+        unit_weights: ``(a_slot[plan.units], b_slot[plan.units])`` if already gathered (cache).
 
     Raises:
         ValueError: shapes disagree.
@@ -426,18 +481,24 @@ def lora_linear(y: torch.Tensor, x: torch.Tensor, a_slot: torch.Tensor, b_slot: 
     if t != plan.num_tokens or a_slot.shape[0] != plan.num_slots + 1:
         raise ValueError(f"x has {t} rows and weights {a_slot.shape[0] - 1} slots but the plan is for "
                          f"{plan.num_tokens} tokens and {plan.num_slots} slots")
-    if not plan.any_lora:
+    if plan.mode == "none":
         return
     width = b_slot.shape[2]
     out = y if (offset_start == 0 and y.shape[1] == width) else y[:, offset_start:offset_start + width]
-    if plan.grouped:
-        gl, g = plan.groups, plan.group_size
-        xg = x.index_select(0, plan.perm).view(gl, g, d_in)
-        s = torch.bmm(xg, a_slot[:gl].transpose(1, 2))  # (L', G, n*r)
+    if plan.mode == "grouped":
+        u, g = plan.units.shape[0], plan.group_size
+        if unit_weights is None:
+            unit_weights = ((a_slot[:u], b_slot[:u]) if plan.units_are_prefix
+                            else (a_slot.index_select(0, plan.units), b_slot.index_select(0, plan.units)))
+        a_u, b_u = unit_weights
+        xg = x.view(u, g, d_in) if plan.perm is None else x.index_select(0, plan.perm).view(u, g, d_in)
+        s = torch.bmm(xg, a_u.transpose(1, 2))  # (U, G, n*r)
         if scale != 1.0:
             s.mul_(scale)
-        d = torch.bmm(s, b_slot[:gl]).view(gl * g, width)  # (L'*G, sum o_i)
-        out.add_(d.index_select(0, plan.inv))
+        if plan.inv is None:
+            out.unflatten(0, (u, g)).baddbmm_(s, b_u)  # (U, G, sum o_i), accumulated into y
+        else:
+            out.add_(torch.bmm(s, b_u).view(u * g, width).index_select(0, plan.inv))
     else:
         L, nr = plan.num_slots, a_slot.shape[1]
         s = torch.mm(x, a_slot[:L].reshape(L * nr, d_in).t()).view(t, L, nr)  # every slot at once

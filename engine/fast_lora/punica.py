@@ -99,14 +99,19 @@ class FastPunicaWrapperCPU(PunicaWrapperCPU):
         x2 = x.reshape(-1, x.shape[-1])
         y2 = y.view(-1, y.shape[-1])
         num_slots = lora_a_stacked[0].shape[0]
-        if _compiling():  # no Python-side caches inside a traced graph: stacked path, rebuilt
+        if _compiling():  # no Python-side caches inside a traced graph: stacked mode, rebuilt
             a_slot, b_slot = ops.build_slot_weights(lora_a_stacked, lora_b_stacked, x2.dtype)
             mask = ops.onehot_mask(self.token_lora_indices, num_slots, x2.dtype)
-            plan = ops.TokenPlan(x2.shape[0], num_slots, grouped=False, any_lora=True, mask=mask)
-        else:
-            a_slot, b_slot = self._weights.get(lora_a_stacked, lora_b_stacked, x2.dtype)
-            plan = self._plan(num_slots, x2.dtype)
-        ops.lora_linear(y2, x2, a_slot, b_slot, plan, scale)
+            ops.lora_linear(y2, x2, a_slot, b_slot, ops.TokenPlan(x2.shape[0], num_slots, "stacked", mask=mask),
+                            scale)
+            return
+        plan = self._plan(num_slots, x2.dtype)
+        if plan.mode == "none":
+            return
+        a_slot, b_slot = self._weights.get(lora_a_stacked, lora_b_stacked, x2.dtype)
+        units = (self._weights.get_units(lora_a_stacked, lora_b_stacked, x2.dtype, plan)
+                 if plan.mode == "grouped" else None)
+        ops.lora_linear(y2, x2, a_slot, b_slot, plan, scale, unit_weights=units)
 
     def add_shrink(self, y, x: torch.Tensor, lora_a_stacked: tuple[torch.Tensor, ...], scale: float,
                    **kwargs: Any) -> None:
