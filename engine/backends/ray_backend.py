@@ -319,7 +319,7 @@ class RayPopulationEvaluator:
 
     def __init__(self, cfg, model_path: str, codec, meta: AdapterMeta, reward_fn: Callable):
         e = cfg.engine
-        self.num_actors, self.P = int(e.num_actors), int(cfg.strategy.population_size)
+        self.num_actors = int(e.num_actors)
         self._owns_ray = False
         if not ray.is_initialized():
             if e.address:
@@ -340,12 +340,12 @@ class RayPopulationEvaluator:
                 f"cluster has {res.get('CPU', 0):g} CPUs and {gpus_total:g} GPUs: lower engine.num_actors, "
                 f"engine.cpus_per_actor or engine.gpus_per_actor, or add nodes (ray start --address=...)")
         if gpus_total == 0 and e.tensor_parallel_size > 1:
-            log.warning("engine.tensor_parallel_size=%d on a CPU-only cluster: vLLM's CPU back-end splits the "
-                        "engine over %g cores per actor instead", e.tensor_parallel_size, e.cpus_per_actor)
+            log.warning("engine.tensor_parallel_size=%d on a CPU-only cluster is untested: each actor asks vLLM's "
+                        "CPU back-end for that many workers", e.tensor_parallel_size)
 
         # driver-side adapters (write_candidates for validation); no engine
         self._writer = PopulationEvaluator(None, codec, reward_fn, meta, None, "", e.adapter_dir)
-        self._run_token = uuid.uuid4().hex[:10]
+        self._run_token, self._adapter_dir = uuid.uuid4().hex[:10], e.adapter_dir
         fault = None
         if os.environ.get(TEST_FAULT_ENV):
             a, g = (int(x) for x in os.environ[TEST_FAULT_ENV].split(":"))
@@ -581,6 +581,9 @@ class RayPopulationEvaluator:
                     pass
         if getattr(self, "_writer", None) is not None:
             self._writer.close()
+            # directories of actors that died without cleaning up, where they share the driver's node
+            for d in Path(default_adapter_root(self._adapter_dir)).glob(f"essa-ray-{self._run_token}-a*"):
+                shutil.rmtree(d, ignore_errors=True)
         self._shutdown_ray()
 
     def _shutdown_ray(self) -> None:
