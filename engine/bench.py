@@ -1,0 +1,428 @@
+"""``essa bench``: population evaluation against plain inference and the naive per-candidate loop.
+
+ESSA's premise is that training costs about what inference costs: a generation of P candidates is
+one multi-LoRA batch (Punica, arXiv 2310.18547; S-LoRA, arXiv 2311.03285). EGGROLL (arXiv
+2511.16652) reports population evaluation at 91 % of pure batch-inference throughput. This
+benchmark measures, on the same prompts (real GSM8K questions under the model's chat template)
+and the same greedy sampling, in one process:
+
+1. ``base``: the P x B requests on the base model (no adapter): the limit;
+2. ``population``: one ES generation's generate call: P candidates x B prompts, P fresh adapters
+   (ids never seen before, so vLLM loads them inside the call, as in training);
+3. ``naive``: transformers + peft, one candidate at a time: load its adapter, ``generate`` over
+   its B prompts, unload. Its cost per candidate does not depend on P, so ``naive.candidates`` of
+   them are timed and the per-candidate mean is scaled to P (the output says so);
+
+and the ratios population/base and population/naive (tokens/s). It also times every phase of one
+ES generation (ask, genome -> adapter tensors, writing adapters, vLLM adapter load, generation,
+reward scoring, tell) at ``phases_population`` so the non-generation share is visible. The adapter
+load happens inside vLLM's generate call; it is estimated as that call's time minus a second call
+with the same (now loaded) adapters.
+
+The ``population`` and ``base`` runs of one P are adjacent, so a machine whose load drifts affects
+both alike; ``repeats`` > 1 repeats the pair and reports the best of each (all samples are kept
+in the JSON). The load average before and after is recorded: on a shared CPU it explains noise.
+
+Output: a readable table on stdout and JSON at ``output`` (default ``<run dir>/bench.json``).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("essa.bench")
+
+SYSTEM_PROMPT = "Solve the math problem step by step. Put the final answer in \\boxed{}."
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs: prompts, adapters, strategy
+# ---------------------------------------------------------------------------------------------
+
+def load_questions(path: str, n: int) -> list[tuple[str, str]]:
+    """The first ``n`` (question, final answer) pairs of a GSM8K-format JSONL file.
+
+    Relative paths resolve like task paths (cwd, the repository, ``$ESSA_DATA``).
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: fewer than ``n`` usable rows.
+    """
+    from .tasks import READERS, _resolve_path, read_rows
+
+    p = _resolve_path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"bench.data={path!r} not found (looked in cwd, the repo and $ESSA_DATA)")
+    out = []
+    for row in read_rows(p):
+        parsed = READERS["gsm8k"](row)
+        if parsed:
+            out.append((parsed[0], parsed[1]))
+        if len(out) == n:
+            return out
+    raise ValueError(f"bench.data={path!r} has {len(out)} usable GSM8K rows; bench.prompts_per_candidate={n}")
+
+
+def lora_shapes(model_path: str) -> dict[str, int]:
+    """Layer count and q/k/v/o widths of a Hugging Face checkpoint (for ``random_lora``)."""
+    from transformers import AutoConfig
+
+    c = AutoConfig.from_pretrained(model_path)
+    head = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return {"num_layers": c.num_hidden_layers, "hidden": c.hidden_size, "kv_dim": c.num_key_value_heads * head}
+
+
+class Population:
+    """Genomes -> LoRA states through ESSA's SVD-LoRA codec and CMA-ES (strategies/), if present.
+
+    The reference adapter is ``strategies.genomes.random_lora`` (A at PEFT's init scale, B at the
+    scale a short SFT leaves), so candidates are realistic ES perturbations of an SFT adapter.
+    Without ``strategies`` the candidates are independent random LoRA states and ask/tell are
+    reported as unavailable.
+    """
+
+    def __init__(self, shapes: dict[str, int], rank: int, sigma0: float, seed: int):
+        self.note = ""
+        try:
+            from strategies.cma_es import CMAES
+            from strategies.genomes import SVDLoRAGenome, random_lora
+        except ImportError as e:  # pragma: no cover - strategies/ ships with the repo
+            self.codec, self.note = None, f"strategies unavailable ({e}); random LoRA states, no ask/tell"
+            self.shapes, self.rank, self.seed = shapes, rank, seed
+            return
+        self.codec = SVDLoRAGenome(random_lora(rank=rank, seed=seed, **shapes))
+        self._cmaes, self.sigma0, self.seed = CMAES, sigma0, seed
+
+    def strategy(self, population_size: int):
+        """A fresh CMA-ES over the codec's genome (``None`` without strategies/)."""
+        if self.codec is None:
+            return None
+        return self._cmaes(dim=self.codec.dim, x0=self.codec.x0(), seed=self.seed,
+                           population_size=population_size, sigma0=self.sigma0, diagonal=False)
+
+    def random_states(self, n: int, offset: int) -> list[dict]:
+        """Fallback candidates: independent random LoRA states (only without strategies/)."""
+        import torch
+
+        out = []
+        for k in range(n):
+            g = torch.Generator().manual_seed(self.seed * 100003 + offset + k)
+            d = {}
+            for layer in range(self.shapes["num_layers"]):
+                for m in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                    width = self.shapes["kv_dim"] if m in ("k_proj", "v_proj") else self.shapes["hidden"]
+                    pre = f"base_model.model.model.layers.{layer}.self_attn.{m}"
+                    d[f"{pre}.lora_A.weight"] = (torch.rand(self.rank, self.shapes["hidden"], generator=g) * 2 - 1) / self.shapes["hidden"] ** 0.5
+                    d[f"{pre}.lora_B.weight"] = 0.01 * torch.randn(width, self.rank, generator=g)
+            out.append(d)
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurements
+# ---------------------------------------------------------------------------------------------
+
+def _rate(tokens: int, seconds: float) -> dict[str, float]:
+    return {"tokens": int(tokens), "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else 0.0}
+
+
+def _timed_generate(backend, prompts, adapters, sampling) -> tuple[dict, list[str]]:
+    t0 = time.perf_counter()
+    outs = backend.generate(prompts, adapters, sampling, use_tqdm=False)
+    dt = time.perf_counter() - t0
+    texts = [o[0].text for o in outs]
+    return _rate(sum(o[0].n_tokens for o in outs), dt), texts
+
+
+def one_generation(backend, pop: Population, P: int, prompts: list[str], answers: list[str], sampling,
+                   meta: dict, root: Path, generation: int, measure_load: bool) -> dict[str, Any]:
+    """One ES generation at population size P, every phase timed (seconds).
+
+    Phases: ask, decode (genome -> LoRA tensors), write (PEFT files), generate (the one vLLM call,
+    adapter load included), load (estimated: generate minus a second call with loaded adapters,
+    only with ``measure_load``), reward (rewards.reward on every completion), tell.
+    """
+    from .adapters import write_adapter
+    from .backends import AdapterRef, lora_int_id
+    from .population import aggregate_fitness
+
+    t: dict[str, float | None] = {}
+    notes = []
+    strategy = pop.strategy(P)
+    t0 = time.perf_counter()
+    genomes = strategy.ask() if strategy is not None else None
+    t["ask"] = time.perf_counter() - t0 if strategy is not None else None
+    t0 = time.perf_counter()
+    loras = pop.codec.decode_batch(genomes) if strategy is not None else pop.random_states(P, generation * 1000)
+    t["decode"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    refs = []
+    for k, lora in enumerate(loras):
+        path = write_adapter(root / f"gen_{generation:03d}" / f"cand_{k:03d}", lora, meta["rank"], meta["alpha"],
+                             meta["base_model"])
+        refs.append(AdapterRef(f"g{generation}c{k}", lora_int_id(generation, k), str(path)))
+    t["write"] = time.perf_counter() - t0
+    flat_prompts = [p for _ in range(P) for p in prompts]
+    flat_adapters = [a for a in refs for _ in prompts]
+    gen, texts = _timed_generate(backend, flat_prompts, flat_adapters, sampling)
+    t["generate"] = gen["seconds"]
+    warm = None
+    if measure_load:
+        warm, _ = _timed_generate(backend, flat_prompts, flat_adapters, sampling)
+        t["load"] = max(0.0, gen["seconds"] - warm["seconds"])
+        notes.append("load = generate(new adapters) - generate(same adapters again); noisy on a loaded machine")
+    fitness = None
+    try:
+        from rewards import reward
+        t0 = time.perf_counter()
+        results = reward(texts, [answers[i % len(prompts)] for i in range(len(texts))])
+        t["reward"] = time.perf_counter() - t0
+        r = np.array([np.nan if x.status in ("error", "timeout") else x.reward for x in results])
+        fitness = aggregate_fitness(r.reshape(P, len(prompts), 1))  # (P,), NaN = unscorable
+    except ImportError as e:  # pragma: no cover
+        t["reward"] = None
+        notes.append(f"rewards unavailable ({e}): reward not timed")
+    if strategy is not None:
+        f = fitness if fitness is not None else np.full(P, np.nan)
+        t0 = time.perf_counter()
+        strategy.tell(genomes, f)
+        t["tell"] = time.perf_counter() - t0
+    else:
+        t["tell"] = None
+        notes.append(pop.note)
+    shutil.rmtree(root / f"gen_{generation:03d}", ignore_errors=True)
+    known = {k: v for k, v in t.items() if v is not None}
+    outside = sum(v for k, v in known.items() if k not in ("generate", "load")) + known.get("load", 0.0)
+    total = sum(v for k, v in known.items() if k != "load")
+    return {"population": gen, "population_loaded": warm, "phases_s": {k: (None if v is None else round(v, 4)) for k, v in t.items()},
+            "non_generation_s": round(outside, 4), "generation_total_s": round(total, 4),
+            "non_generation_share": round(outside / total, 4) if total > 0 else None,
+            "accuracy": None if fitness is None else round(float(np.mean(fitness)), 4), "notes": notes}
+
+
+def naive_per_candidate(model_path: str, adapter_dirs: list[str], prompts: list[str], max_tokens: int,
+                        dtype: str) -> dict[str, Any]:
+    """transformers + peft, one candidate at a time: load adapter, greedy ``generate`` over its B
+    prompts (one left-padded batch), unload. Returns per-candidate tokens and seconds."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+    model.eval()
+    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    samples = []
+    for d in adapter_dirs:
+        t0 = time.perf_counter()
+        peft_model = PeftModel.from_pretrained(model, d)
+        with torch.inference_mode():
+            out = peft_model.generate(**enc, max_new_tokens=max_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
+        new = out[:, enc["input_ids"].shape[1]:]
+        # tokens up to and including the first EOS, like vLLM's count
+        eos = (new == tok.eos_token_id).int()
+        first = torch.where(eos.any(1), eos.argmax(1) + 1, torch.full((new.shape[0],), new.shape[1]))
+        model = peft_model.unload()
+        samples.append((int(first.sum()), time.perf_counter() - t0))
+    tokens = sum(s[0] for s in samples) / len(samples)
+    seconds = sum(s[1] for s in samples) / len(samples)
+    return {"candidates_timed": len(samples), "tokens_per_candidate": tokens, "seconds_per_candidate": round(seconds, 3),
+            "samples": [{"tokens": a, "seconds": round(b, 3)} for a, b in samples]}
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU model, cores, library versions."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
+            "cuda": torch.cuda.is_available()}
+    try:
+        import vllm
+        info["vllm"] = vllm.__version__
+    except ImportError:  # pragma: no cover
+        info["vllm"] = None
+    return info
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------
+
+def format_table(result: dict) -> str:
+    """The benchmark as a fixed-width table (one row per P) plus the phase breakdown."""
+    s = result["settings"]
+    lines = [f"essa bench: {s['model']}  B={s['prompts_per_candidate']} prompts/candidate  max_tokens={s['max_tokens']}  "
+             f"greedy  rank={s['rank']}  fast_lora={s['fast_lora']}",
+             f"machine: {result['machine']['cpu']}, {result['machine']['cores']} cores, vLLM {result['machine']['vllm']}, "
+             f"torch {result['machine']['torch']}",
+             "",
+             f"{'P':>4} {'seqs':>5} | {'base tok/s':>10} {'pop tok/s':>10} {'naive tok/s':>11} | {'pop/base':>8} {'pop/naive':>9} "
+             f"| {'base s':>7} {'pop s':>7} {'naive s':>8}"]
+    for r in result["rows"]:
+        nv = r.get("naive") or {}
+        lines.append(
+            f"{r['P']:>4} {r['sequences']:>5} | {r['base']['tokens_per_s']:>10.1f} {r['population']['tokens_per_s']:>10.1f} "
+            f"{nv.get('tokens_per_s', float('nan')):>11.1f} | {r['ratio_pop_base']:>8.3f} "
+            f"{(r.get('ratio_pop_naive') or float('nan')):>9.2f} | {r['base']['seconds']:>7.1f} {r['population']['seconds']:>7.1f} "
+            f"{nv.get('seconds', float('nan')):>8.1f}")
+    ph = result.get("phases")
+    if ph:
+        lines += ["", f"one ES generation at P={ph['P']} (seconds):"]
+        order = ["ask", "decode", "write", "load", "generate", "reward", "tell"]
+        lines.append("  " + "  ".join(f"{k}={'n/a' if ph['phases_s'].get(k) is None else format(ph['phases_s'][k], '.3f')}"
+                                      for k in order if k in ph["phases_s"]))
+        lines.append(f"  outside generation: {ph['non_generation_s']:.3f} s = {100 * ph['non_generation_share']:.1f} % of "
+                     f"the generation's {ph['generation_total_s']:.1f} s (load counted outside; it runs inside vLLM's call)")
+        for n in ph.get("notes", []):
+            lines.append(f"  note: {n}")
+    if result.get("notes"):
+        lines += [""] + [f"note: {n}" for n in result["notes"]]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point
+# ---------------------------------------------------------------------------------------------
+
+def main(cfg) -> dict:
+    """Run the benchmark described by ``cfg`` (conf/bench.yaml); print the table, write JSON.
+
+    Returns:
+        The result dict that is written to ``cfg.output``.
+
+    Raises:
+        ValueError: bad settings (empty ``populations``, non-positive sizes).
+    """
+    from omegaconf import OmegaConf
+
+    from .backends import Sampling
+    from .backends.vllm_local import VLLMBackend, is_cpu_platform
+    from .model import resolve_model_path
+    from .prompts import build_prompt
+
+    populations = sorted({int(p) for p in cfg.populations})
+    if not populations or populations[0] < 1:
+        raise ValueError(f"bench.populations={list(cfg.populations)} must be positive population sizes")
+    B, T = int(cfg.prompts_per_candidate), int(cfg.max_tokens)
+    if B < 1 or T < 1:
+        raise ValueError("bench.prompts_per_candidate and bench.max_tokens must be >= 1")
+    phases_p = int(cfg.phases_population)
+    if phases_p not in populations:
+        populations = sorted({*populations, phases_p})
+    out_path = Path(cfg.output) if cfg.get("output") else Path(_run_dir()) / "bench.json"
+
+    model = resolve_model_path(cfg.model.path)
+    qa = load_questions(cfg.data, B)
+    answers = [a for _, a in qa]
+    sampling = Sampling(max_tokens=T, temperature=0.0)
+    notes: list[str] = []
+    cpu = is_cpu_platform()
+    fast = bool(cfg.engine.fast_lora) and cpu
+    settings = {"model": cfg.model.path, "model_path": model, "populations": populations, "prompts_per_candidate": B,
+                "max_tokens": T, "rank": int(cfg.lora.rank), "lora_alpha": float(cfg.lora.alpha), "sigma0": float(cfg.sigma0),
+                "fast_lora": fast, "repeats": int(cfg.repeats), "engine": OmegaConf.to_container(cfg.engine, resolve=True),
+                "data": str(cfg.data), "sampling": "greedy", "seed": int(cfg.seed)}
+    result: dict[str, Any] = {"machine": machine_info(), "settings": settings, "rows": [], "notes": notes,
+                              "loadavg_start": os.getloadavg()}
+
+    pop = Population(lora_shapes(model), int(cfg.lora.rank), float(cfg.sigma0), int(cfg.seed))
+    if pop.note:
+        notes.append(pop.note)
+    meta = {"rank": int(cfg.lora.rank), "alpha": float(cfg.lora.alpha), "base_model": model}
+    root = Path(tempfile.mkdtemp(prefix="essa-bench-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None))
+
+    backend = VLLMBackend(model, max_lora_rank=int(cfg.lora.rank), max_loras=max(populations),
+                          max_model_len=int(cfg.model.max_model_len), dtype=cfg.model.dtype, seed=int(cfg.seed),
+                          kv_cache_gib=float(cfg.engine.kv_cache_gib), max_num_seqs=int(cfg.engine.max_num_seqs),
+                          fast_lora=bool(cfg.engine.fast_lora))
+    result["engine_startup_s"] = round(backend.startup_s, 1)
+    try:
+        prompts = [build_prompt(backend.tokenizer, q, cfg.system_prompt) for q, _ in qa]
+        # warm-up: first LoRA batch and first base batch pay one-off costs (allocator, kernels)
+        warm = one_generation(backend, pop, 2, prompts[:2], answers[:2], Sampling(max_tokens=8), meta, root, 0, False)
+        del warm
+        backend.generate(prompts[:2], [None, None], Sampling(max_tokens=8), use_tqdm=False)
+
+        for gi, P in enumerate(populations, start=1):
+            flat = [p for _ in range(P) for p in prompts]
+            best: dict[str, Any] | None = None
+            base_runs, pop_runs = [], []
+            for rep in range(max(1, int(cfg.repeats))):
+                la = os.getloadavg()[0]
+                base, _ = _timed_generate(backend, flat, [None] * len(flat), sampling)
+                gen = one_generation(backend, pop, P, prompts, answers, sampling, meta, root,
+                                     generation=gi * 10 + rep, measure_load=(P == phases_p and rep == 0))
+                base["loadavg"] = la
+                base_runs.append(base)
+                pop_runs.append(gen)
+                log.info("P=%d rep %d: base %.1f tok/s, population %.1f tok/s", P, rep, base["tokens_per_s"],
+                         gen["population"]["tokens_per_s"])
+            base = max(base_runs, key=lambda r: r["tokens_per_s"])
+            best = max(pop_runs, key=lambda r: r["population"]["tokens_per_s"])
+            row = {"P": P, "sequences": P * B, "base": base, "population": best["population"],
+                   "ratio_pop_base": round(best["population"]["tokens_per_s"] / base["tokens_per_s"], 4),
+                   "samples": {"base": base_runs, "population": [r["population"] for r in pop_runs]}}
+            if P == phases_p:
+                result["phases"] = {"P": P, **{k: v for k, v in pop_runs[0].items() if k != "population"}}
+            result["rows"].append(row)
+            print(f"P={P}: base {base['tokens_per_s']:.1f} tok/s, population {best['population']['tokens_per_s']:.1f} tok/s "
+                  f"({row['ratio_pop_base']:.3f} of base)", flush=True)
+    finally:
+        backend.close()
+
+    if cfg.naive.enabled:
+        k = max(1, int(cfg.naive.candidates))
+        strategy = pop.strategy(k)
+        loras = pop.codec.decode_batch(strategy.ask()) if strategy is not None else pop.random_states(k, 999000)
+        from .adapters import write_adapter
+        dirs = [str(write_adapter(root / "naive" / f"cand_{i}", lora, meta["rank"], meta["alpha"], model))
+                for i, lora in enumerate(loras)]
+        nv = naive_per_candidate(model, dirs, prompts, T, cfg.model.dtype)
+        result["naive"] = nv
+        notes.append(f"naive: transformers+peft, {nv['candidates_timed']} candidate(s) timed (load adapter, generate "
+                     f"over B={B} prompts, unload); P candidates = P x the per-candidate mean (extrapolated)")
+        for row in result["rows"]:
+            P = row["P"]
+            row["naive"] = _rate(round(nv["tokens_per_candidate"] * P), nv["seconds_per_candidate"] * P)
+            row["naive"]["extrapolated_from"] = nv["candidates_timed"]
+            row["ratio_pop_naive"] = round(row["population"]["tokens_per_s"] / row["naive"]["tokens_per_s"], 3)
+    shutil.rmtree(root, ignore_errors=True)
+    result["loadavg_end"] = os.getloadavg()
+    if max(result["loadavg_start"][0], result["loadavg_end"][0]) > 1.5 * (os.cpu_count() or 1):
+        notes.append(f"the machine was loaded by other processes (load average {result['loadavg_start'][0]:.1f} -> "
+                     f"{result['loadavg_end'][0]:.1f} on {os.cpu_count()} cores): absolute numbers are noisy, ratios of "
+                     "adjacent runs less so")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(result, indent=2, default=float))
+    table = format_table(result)
+    print(table)
+    print(f"\nJSON: {out_path}")
+    return result
+
+
+def _run_dir() -> str:
+    """Hydra's run directory when running under Hydra, else the working directory."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        return HydraConfig.get().runtime.output_dir
+    except Exception:
+        return os.getcwd()
