@@ -287,6 +287,9 @@ def test_slot_weight_cache_rebuilds_on_change():
     cache.invalidate()
     cache.get(a, b, torch.float32)
     assert cache.builds == 3
+    assert not cache.is_zero(a, b, torch.float32)
+    z = tuple(torch.zeros_like(t) for t in a)
+    assert cache.is_zero(z, b, torch.float32)  # a layer no adapter targets (e.g. the MLP): skipped
 
 
 def test_build_slot_weights_layout():
@@ -342,6 +345,16 @@ def test_wrapper_matches_vllm_wrapper(decode):
     stock.add_lora_linear(y_stock, x, a, b, 1.0, outs)
     fast.add_lora_linear(y_fast, x, a, b, 1.0, outs)
     torch.testing.assert_close(y_fast, y_stock, **FP32)
+
+
+def test_wrapper_skips_layers_without_weights():
+    stock, fast = _wrappers([1001, 1002] * 4, [1001, 1002] * 4, [1001, 1002])
+    a = tuple(torch.zeros(2, 1, 8, 32) for _ in range(2))
+    b = tuple(torch.zeros(2, 1, 16, 8) for _ in range(2))
+    y0 = torch.randn(8, 32)
+    y = y0.clone()
+    fast.add_lora_linear(y, torch.randn(8, 32), a, b, 1.0, (16, 16))
+    torch.testing.assert_close(y, y0, rtol=0, atol=0)
 
 
 def test_wrapper_all_base_model_is_a_no_op():

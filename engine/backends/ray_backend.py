@@ -12,7 +12,8 @@ worker serves its own candidates and only tiny messages cross the network. Here:
 * shards are contiguous and balanced (sizes differ by at most one candidate); shard k of a
   generation uses sampling seed ``seed + first_candidate_k x N``, the seed its requests get in the
   local engine's single batch, so results equal the local engine's for the same seed (exactly for
-  greedy decoding, checked by tests/test_ray_backend.py);
+  greedy decoding with batch-invariant LoRA kernels, checked by tests/test_ray_backend.py; see
+  docs/DISTRIBUTED.md on which kernels are);
 * faults: when an actor dies mid-generation (killed, out of memory) its shard goes back to the
   queue and runs on the first actor that is free: a surviving one, or the dead one once Ray has
   restarted it (``max_restarts = engine.max_actor_restarts``). Finished shards are kept; the log
@@ -24,9 +25,9 @@ worker serves its own candidates and only tiny messages cross the network. Here:
 
 Adapters named by path (:meth:`RayPopulationEvaluator.score`: the SFT warm start, the mean genome
 written by :meth:`write_candidates`, exported adapters) live on the driver's file system. They are
-shipped as file bytes through the object store (one ``ray.put`` per adapter: about 20 MB at rank 8 for a 7B model)
-and written to the actor's own adapter directory, so multi-node clusters need no shared file
-system. Genomes are not re-decoded on the actors for these, because the SFT and exported
+shipped as file bytes through the object store (one ``ray.put`` per adapter: about 20 MB at rank 8
+for a 7B model) and written to the actor's own adapter directory, so multi-node clusters need no
+shared file system. Genomes are not re-decoded on the actors for these, because the SFT and exported
 adapters need not be in the codec's image.
 """
 from __future__ import annotations

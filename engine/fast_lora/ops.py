@@ -327,18 +327,33 @@ class SlotWeightCache:
     def get(self, lora_a_stacked: Sequence[torch.Tensor], lora_b_stacked: Sequence[torch.Tensor],
             dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``build_slot_weights(lora_a_stacked, lora_b_stacked, dtype)``, cached."""
+        entry = self._entry(lora_a_stacked, lora_b_stacked, dtype)
+        return entry[4], entry[5]
+
+    def is_zero(self, lora_a_stacked: Sequence[torch.Tensor], lora_b_stacked: Sequence[torch.Tensor],
+                dtype: torch.dtype) -> bool:
+        """True when every slot of the layer is zero (no loaded adapter targets it: skip it).
+
+        vLLM wraps every supported linear layer (also gate/up/down when adapters only target
+        q/k/v/o) and runs the LoRA ops on their all-zero slots; skipping them halves the work.
+        """
+        return self._entry(lora_a_stacked, lora_b_stacked, dtype)[6]
+
+    def _entry(self, lora_a_stacked, lora_b_stacked, dtype) -> tuple:
         key = id(lora_a_stacked[0])
         versions = self._versions((*lora_a_stacked, *lora_b_stacked))
         hit = self._entries.get(key)
         if hit is not None:
-            ref, epoch, vers, hdtype, a_slot, b_slot = hit
+            ref, epoch, vers, hdtype = hit[:4]
             if ref() is lora_a_stacked[0] and epoch == self.epoch and vers == versions and hdtype == dtype:
-                return a_slot, b_slot
+                return hit
         a_slot, b_slot = build_slot_weights(lora_a_stacked, lora_b_stacked, dtype)
-        self._entries[key] = (weakref.ref(lora_a_stacked[0]), self.epoch, versions, dtype, a_slot, b_slot)
+        zero = not (bool(a_slot.any()) and bool(b_slot.any()))
+        entry = (weakref.ref(lora_a_stacked[0]), self.epoch, versions, dtype, a_slot, b_slot, zero)
+        self._entries[key] = entry
         self._units.pop(key, None)
         self.builds += 1
-        return a_slot, b_slot
+        return entry
 
     def get_units(self, lora_a_stacked: Sequence[torch.Tensor], lora_b_stacked: Sequence[torch.Tensor],
                   dtype: torch.dtype, plan: "TokenPlan") -> tuple[torch.Tensor, torch.Tensor]:

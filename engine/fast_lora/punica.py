@@ -8,7 +8,9 @@ What is overridden (vLLM 0.32.0, ``vllm/lora/punica_wrapper/punica_cpu.py``):
 
 - ``update_metadata``: also invalidates the per-slot weight cache when the slot layout changes and
   drops the per-step token plan.
-- ``add_lora_linear`` (every q/k/v/o and MLP LoRA layer): all slices and slots in one fused pass
+- ``add_lora_linear`` (every q/k/v/o and MLP LoRA layer): skipped when no slot of the layer holds
+  weights (vLLM also wraps the MLP when adapters only target attention); otherwise all slices and
+  slots in one fused pass
   (:func:`engine.fast_lora.ops.lora_linear`, grouped-bmm or stacked-GEMM path chosen once per
   step by :func:`engine.fast_lora.ops.plan_tokens`) instead of 2 x n gather-and-einsum calls.
 - ``add_shrink``, ``add_expand``, ``add_lora_embedding``, ``add_lora_logits``: the drop-in
@@ -106,7 +108,7 @@ class FastPunicaWrapperCPU(PunicaWrapperCPU):
                             scale)
             return
         plan = self._plan(num_slots, x2.dtype)
-        if plan.mode == "none":
+        if plan.mode == "none" or self._weights.is_zero(lora_a_stacked, lora_b_stacked, x2.dtype):
             return
         a_slot, b_slot = self._weights.get(lora_a_stacked, lora_b_stacked, x2.dtype)
         units = (self._weights.get_units(lora_a_stacked, lora_b_stacked, x2.dtype, plan)

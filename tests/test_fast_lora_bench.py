@@ -1,0 +1,73 @@
+"""``essa bench`` (engine/bench.py): config, inputs, report; one tiny end-to-end run (integration)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+REPO = Path(__file__).resolve().parent.parent
+GSM8K = Path(os.environ.get("ESSA_DATA", REPO.parent / "shared" / "data")) / "gsm8k" / "test.jsonl"
+
+
+def test_bench_config_has_the_documented_defaults():
+    cfg = OmegaConf.load(REPO / "conf" / "bench.yaml")
+    assert cfg.model.path == "embedded:smollm2-135m-instruct"
+    assert list(cfg.populations) == [4, 16, 48]
+    assert cfg.prompts_per_candidate == 16 and cfg.max_tokens == 96 and cfg.lora.rank == 8
+    assert cfg.naive.enabled is True and cfg.engine.fast_lora is True and cfg.phases_population == 16
+
+
+@pytest.mark.skipif(not GSM8K.exists(), reason="GSM8K test split not present")
+def test_load_questions_reads_gsm8k_answers():
+    from engine.bench import load_questions
+
+    qa = load_questions(str(GSM8K), 3)
+    assert len(qa) == 3 and all(q and a for q, a in qa)
+    assert qa[0][1] == "18"  # Janet's ducks
+    with pytest.raises(ValueError, match="prompts_per_candidate"):
+        load_questions(str(GSM8K), 10**7)
+    with pytest.raises(FileNotFoundError, match="bench.data"):
+        load_questions("/nonexistent/gsm8k.jsonl", 1)
+
+
+def test_format_table_shows_ratios_and_phases():
+    from engine.bench import format_table
+
+    result = {
+        "settings": {"model": "m", "prompts_per_candidate": 16, "max_tokens": 96, "rank": 8, "fast_lora": True},
+        "machine": {"cpu": "cpu", "cores": 2, "vllm": "0.32.0", "torch": "2"},
+        "rows": [{"P": 16, "sequences": 256, "base": {"tokens_per_s": 900.0, "seconds": 27.0},
+                  "population": {"tokens_per_s": 810.0, "seconds": 30.0}, "ratio_pop_base": 0.9,
+                  "naive": {"tokens_per_s": 100.0, "seconds": 240.0}, "ratio_pop_naive": 8.1}],
+        "phases": {"P": 16, "phases_s": {"ask": 0.1, "decode": 0.2, "write": 0.1, "load": 0.4, "generate": 30.0,
+                                         "reward": 0.05, "tell": 0.2},
+                   "non_generation_s": 1.05, "generation_total_s": 30.65, "non_generation_share": 0.034, "notes": []},
+        "notes": ["naive: extrapolated"],
+    }
+    table = format_table(result)
+    assert "0.900" in table and "8.10" in table and "3.4 %" in table and "naive: extrapolated" in table
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(1200)
+def test_essa_bench_tiny_end_to_end(tmp_path):
+    """`essa bench` through the CLI with a tiny budget: JSON with every section."""
+    if not GSM8K.exists():
+        pytest.skip("GSM8K test split not present")
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "engine.cli", "bench", "populations=[2]", "phases_population=2",
+           "prompts_per_candidate=2", "max_tokens=8", "naive.candidates=1", "engine.kv_cache_gib=1",
+           f"output={out}", f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1100)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    res = json.loads(out.read_text())
+    row = res["rows"][0]
+    assert row["P"] == 2 and row["sequences"] == 4
+    assert row["base"]["tokens"] > 0 and row["population"]["tokens"] > 0 and row["naive"]["tokens"] > 0
+    assert set(res["phases"]["phases_s"]) >= {"ask", "decode", "write", "load", "generate", "reward", "tell"}
+    assert "pop/base" in proc.stdout
