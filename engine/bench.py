@@ -167,7 +167,7 @@ def one_generation(backend, pop: Population, P: int, prompts: list[str], answers
     refs = []
     for k, lora in enumerate(loras):
         path = write_adapter(root / f"gen_{generation:03d}" / f"cand_{k:03d}", lora, meta["rank"], meta["alpha"],
-                             meta["base_model"])
+                             meta["base_model"], meta["target_modules"])
         refs.append(AdapterRef(f"g{generation}c{k}", lora_int_id(generation, k), str(path)))
     t["write"] = time.perf_counter() - t0
     flat_prompts = [p for _ in range(P) for p in prompts]
@@ -340,20 +340,26 @@ def main(cfg) -> dict:
     settings = {"model": cfg.model.path, "model_path": model, "populations": populations, "prompts_per_candidate": B,
                 "max_tokens": T, "rank": int(cfg.lora.rank), "lora_alpha": float(cfg.lora.alpha), "sigma0": float(cfg.sigma0),
                 "fast_lora": fast, "repeats": int(cfg.repeats), "engine": OmegaConf.to_container(cfg.engine, resolve=True),
-                "data": str(cfg.data), "sampling": "greedy", "seed": int(cfg.seed)}
+                "data": str(cfg.data), "sampling": "greedy", "seed": int(cfg.seed), "prefix_caching": False,
+                "lora_target_modules": list(cfg.lora.target_modules)}
     result: dict[str, Any] = {"machine": machine_info(), "settings": settings, "rows": [], "notes": notes,
                               "loadavg_start": os.getloadavg()}
 
     pop = Population(lora_shapes(model), int(cfg.lora.rank), float(cfg.sigma0), int(cfg.seed))
     if pop.note:
         notes.append(pop.note)
-    meta = {"rank": int(cfg.lora.rank), "alpha": float(cfg.lora.alpha), "base_model": model}
+    meta = {"rank": int(cfg.lora.rank), "alpha": float(cfg.lora.alpha), "base_model": model,
+            "target_modules": tuple(cfg.lora.target_modules)}
     root = Path(tempfile.mkdtemp(prefix="essa-bench-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None))
 
+    # Prefix caching off: the base run repeats B prompts P times and would otherwise prefill each
+    # once, while candidates (distinct LoRA ids) cannot share cached prompts; off, both runs do the
+    # same work. LoRA only where the adapters have weights (vLLM would also wrap the MLP).
+    extra = {"enable_prefix_caching": False, "lora_target_modules": list(cfg.lora.target_modules)}
     backend = VLLMBackend(model, max_lora_rank=int(cfg.lora.rank), max_loras=max(populations),
                           max_model_len=int(cfg.model.max_model_len), dtype=cfg.model.dtype, seed=int(cfg.seed),
                           kv_cache_gib=float(cfg.engine.kv_cache_gib), max_num_seqs=int(cfg.engine.max_num_seqs),
-                          fast_lora=bool(cfg.engine.fast_lora))
+                          fast_lora=bool(cfg.engine.fast_lora), extra=extra)
     result["engine_startup_s"] = round(backend.startup_s, 1)
     try:
         prompts = [build_prompt(backend.tokenizer, q, cfg.system_prompt) for q, _ in qa]
@@ -391,8 +397,8 @@ def main(cfg) -> dict:
 
     if cfg.naive.enabled:
         k = max(1, int(cfg.naive.candidates))
-        strategy = pop.strategy(k)
-        loras = pop.codec.decode_batch(strategy.ask()) if strategy is not None else pop.random_states(k, 999000)
+        strategy = pop.strategy(max(2, k))  # CMA-ES needs a population of at least 2
+        loras = pop.codec.decode_batch(strategy.ask()[:k]) if strategy is not None else pop.random_states(k, 999000)
         from .adapters import write_adapter
         dirs = [str(write_adapter(root / "naive" / f"cand_{i}", lora, meta["rank"], meta["alpha"], model))
                 for i, lora in enumerate(loras)]

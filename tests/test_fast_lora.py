@@ -151,15 +151,12 @@ def _layer(slots, r, d_in, outs, dtype, seed):
     return a, b
 
 
-def _forced_plan(idx, slots, dtype, path):
-    """A plan of the requested kind: runs (consecutive ids), slots (gathered by id), stacked."""
-    kw = {"runs": dict(run_padding=1e9, slot_padding=1e9, small_batch=0),
-          "slots": dict(run_padding=0.0, slot_padding=1e9, small_batch=0),
-          "stacked": dict(run_padding=0.0, slot_padding=0.0, small_batch=0)}[path]
-    plan = ops.plan_tokens(idx, slots, dtype, **kw)
-    if path == "runs" and len(torch.unique_consecutive(idx)) > max(2 * (slots + 1), 16):
-        path = "slots"  # too many runs: the planner falls back to grouping by slot
-    assert plan.mode == ("stacked" if path == "stacked" else "grouped"), plan.mode
+def _plan(idx, slots, path):
+    """A plan of the requested layout: "runs" (no copy, when the ids allow it) or "sorted"."""
+    plan = ops.plan_tokens(idx, slots, allow_runs=(path == "runs"))
+    assert plan.mode == "grouped"
+    if path == "sorted":
+        assert plan.perm is not None
     return plan
 
 
@@ -175,7 +172,7 @@ BATCHES = {  # name -> (T, slot ids builder)
 
 
 @pytest.mark.parametrize("batch", sorted(BATCHES))
-@pytest.mark.parametrize("path", ["runs", "slots", "stacked"])
+@pytest.mark.parametrize("path", ["runs", "sorted"])
 @pytest.mark.parametrize("outs", [(576, 192, 192), (576,)], ids=["qkv", "o"])
 @pytest.mark.parametrize("slots", [4, 16])
 def test_lora_linear_fp32_matches_reference(batch, path, outs, slots):
@@ -186,7 +183,7 @@ def test_lora_linear_fp32_matches_reference(batch, path, outs, slots):
     start = torch.randn(t, sum(outs), generator=_gen(t + 1))
     expect = start.clone()
     _reference_linear(expect, x, a, b, idx, 0.5, outs)
-    plan = _forced_plan(idx, slots, torch.float32, path)
+    plan = _plan(idx, slots, path)
     a_slot, b_slot = ops.build_slot_weights(a, b, torch.float32)
     y = start.clone()
     ops.lora_linear(y, x, a_slot, b_slot, plan, scale=0.5)
@@ -195,7 +192,7 @@ def test_lora_linear_fp32_matches_reference(batch, path, outs, slots):
     torch.testing.assert_close(y[none], start[none], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("path", ["runs", "slots", "stacked"])
+@pytest.mark.parametrize("path", ["runs", "sorted"])
 def test_lora_linear_bf16_close_to_reference(path):
     """Serving dtype: bf16 activations/weights, as vLLM hands them to the wrapper."""
     slots, t, outs = 16, 256, (576, 192, 192)
@@ -205,7 +202,7 @@ def test_lora_linear_bf16_close_to_reference(path):
     start = torch.randn(t, sum(outs), generator=_gen(13)).bfloat16()
     expect = start.clone()
     _reference_linear(expect, x, a, b, idx, 1.0, outs)
-    plan = _forced_plan(idx, slots, torch.bfloat16, path)
+    plan = _plan(idx, slots, path)
     y = start.clone()
     ops.lora_linear(y, x, *ops.build_slot_weights(a, b, torch.bfloat16), plan)
     torch.testing.assert_close(y.float(), expect.float(), **BF16)
@@ -219,7 +216,7 @@ def test_lora_linear_offset_start_writes_only_its_columns():
     start = torch.randn(t, 7 + sum(outs) + 5)
     y = start.clone()
     ops.lora_linear(y, x, *ops.build_slot_weights(a, b, torch.float32),
-                    ops.plan_tokens(idx, slots, torch.float32), offset_start=7)
+                    ops.plan_tokens(idx, slots), offset_start=7)
     expect = start[:, 7:7 + sum(outs)].clone()
     _reference_linear(expect, x, a, b, idx, 1.0, outs)
     torch.testing.assert_close(y[:, 7:7 + sum(outs)], expect, **FP32)
@@ -229,7 +226,7 @@ def test_lora_linear_offset_start_writes_only_its_columns():
 
 def test_lora_linear_rejects_mismatched_plan():
     a, b = _layer(4, 8, 16, (8,), torch.float32, seed=0)
-    plan = ops.plan_tokens(torch.zeros(3, dtype=torch.long), 4, torch.float32)
+    plan = ops.plan_tokens(torch.zeros(3, dtype=torch.long), 4)
     with pytest.raises(ValueError, match="plan is for"):
         ops.lora_linear(torch.zeros(5, 8), torch.zeros(5, 16), *ops.build_slot_weights(a, b, torch.float32), plan)
 
@@ -240,39 +237,76 @@ def test_lora_linear_rejects_mismatched_plan():
 
 @pytest.mark.parametrize("idx,slots,mode,no_copy", [
     (torch.arange(256) // 16, 16, "grouped", True),              # ESSA decode: P runs of B tokens
-    (torch.arange(256) % 16, 16, "grouped", False),              # interleaved: gathered by slot
+    ((torch.arange(256) // 16 * 7) % 16, 16, "grouped", True),    # ... in any slot order
+    (torch.arange(256) % 16, 16, "grouped", False),              # interleaved: sorted by slot
     (torch.tensor([-1, -1, -1]), 4, "none", None),               # base model only: nothing to do
-    (torch.cat([torch.zeros(2000, dtype=torch.long), torch.randint(0, 16, (100,), generator=_gen(0))]),
-     16, "stacked", None),                                       # one long run + scattered tokens
+    (torch.tensor([], dtype=torch.long), 4, "none", None),       # empty batch
     (torch.tensor([3, -1, 0]), 4, "grouped", True),              # tiny decode batch
+    (torch.tensor([2] * 9 + [0] * 4), 4, "grouped", False),      # unequal runs (prefill)
 ])
 def test_plan_tokens_choice(idx, slots, mode, no_copy):
-    plan = ops.plan_tokens(idx, slots, torch.float32)
+    plan = ops.plan_tokens(idx, slots)
     assert plan.mode == mode
     if mode == "grouped":
         assert (plan.perm is None) == no_copy
 
 
-def test_plan_tokens_grouped_layout_is_a_permutation():
-    idx = _ids(37, 5, seed=2)
-    plan = ops.plan_tokens(idx, 5, torch.float32, run_padding=0.0, slot_padding=1e9)
-    assert plan.mode == "grouped" and plan.units.tolist() == list(range(6))  # -1 -> zero slot 5
-    assert sorted(plan.perm[plan.inv].tolist()) == list(range(37))
-    slot_of_pos = plan.units[plan.inv // plan.group_size]
-    torch.testing.assert_close(slot_of_pos, torch.where(idx < 0, 5, idx))
+@pytest.mark.parametrize("idx", [
+    _ids(37, 5, seed=2),
+    torch.cat([torch.zeros(2000, dtype=torch.long), torch.randint(0, 5, (100,), generator=_gen(0))]),
+])
+def test_plan_tokens_sorted_layout(idx):
+    """Every token sits in exactly one unit of its own slot; padding is bounded."""
+    plan = ops.plan_tokens(idx, 5, allow_runs=False)
+    t = idx.shape[0]
+    assert sorted(plan.perm[plan.inv].tolist()) == list(range(t))
+    slot_of_token = plan.units[plan.inv // plan.group_size]
+    torch.testing.assert_close(slot_of_token, torch.where(idx < 0, 5, idx))
+    assert plan.units.shape[0] * plan.group_size <= 2 * t + ops.UNIT_COST_ROWS * 6
+
+
+def test_skewed_batch_is_chunked_not_padded_per_slot():
+    """One long prefill run plus scattered decode tokens: units are chunks, not 6 x 2000 rows."""
+    idx = torch.cat([torch.zeros(2000, dtype=torch.long), torch.arange(1, 5).repeat(25)])
+    plan = ops.plan_tokens(idx, 5)
+    assert plan.units.shape[0] * plan.group_size < 1.5 * idx.shape[0]
 
 
 def test_unit_weights_are_cached_per_plan():
     a, b = _layer(4, 8, 16, (8,), torch.float32, seed=0)
     cache = ops.SlotWeightCache()
-    plan = ops.plan_tokens(torch.tensor([2, 2, 0, 0, 3, 3]), 4, torch.float32)
+    plan = ops.plan_tokens(torch.tensor([2, 2, 0, 0, 3, 3]), 4)
     assert plan.mode == "grouped" and not plan.units_are_prefix and plan.perm is None
     u1 = cache.get_units(a, b, torch.float32, plan)
     assert cache.get_units(a, b, torch.float32, plan)[0] is u1[0]
     a_slot, _ = cache.get(a, b, torch.float32)
     torch.testing.assert_close(u1[0], a_slot[[2, 0, 3]])
-    plan2 = ops.plan_tokens(torch.tensor([2, 2, 0, 0, 3, 3]), 4, torch.float32)
+    plan2 = ops.plan_tokens(torch.tensor([2, 2, 0, 0, 3, 3]), 4)
     assert cache.get_units(a, b, torch.float32, plan2)[0] is not u1[0]
+
+
+def test_lora_linear_is_batch_invariant_in_bf16():
+    """A token's result is bitwise the same whatever batch and layout it is computed in, so greedy
+    completions do not depend on how vLLM happened to schedule the requests."""
+    slots, outs = 5, (576, 192, 192)
+    a, b = _layer(slots, 8, 576, outs, torch.bfloat16, seed=3)
+    a_slot, b_slot = ops.build_slot_weights(a, b, torch.bfloat16)
+    x_all = torch.randn(900, 576, generator=_gen(4)).bfloat16()
+    y_all = torch.randn(900, 960, generator=_gen(5)).bfloat16()
+
+    def token0(idx, allow_runs=True):  # token 0 is always on slot 2
+        t = idx.shape[0]
+        y = y_all[:t].clone()
+        ops.lora_linear(y, x_all[:t], a_slot, b_slot, ops.plan_tokens(idx, slots, allow_runs))
+        return y[0]
+
+    ref = token0(torch.tensor([2]))
+    batches = [torch.tensor([2, 2, 2, 2]), torch.tensor([2] * 4 + [0] * 4 + [-1] * 4),
+               torch.cat([torch.full((300,), 2), torch.full((250,), 0), torch.full((304,), -1)]),
+               torch.tensor([2, 0, 1, 2, 0, 1, -1, 3]), torch.cat([torch.tensor([2]), _ids(700, slots, seed=6)])]
+    for idx in batches:
+        for allow_runs in (True, False):
+            assert torch.equal(token0(idx, allow_runs), ref), (idx.shape, allow_runs)
 
 
 def test_slot_weight_cache_rebuilds_on_change():

@@ -3,9 +3,17 @@
 Real engine, default model, real GSM8K prompts. vLLM runs the LoRA ops in a worker process that
 reads ``ESSA_FAST_LORA`` when it starts, so each engine runs in its own subprocess (this file run
 as a script), one after the other: 4 adapters x 4 prompts plus the same prompts on the base model,
-32 greedy tokens. bf16 kernels that sum in a different order may flip a near-tie token, so the
-test asks for >= 90 % identical completions (and reports the rate), and checks that the adapters
-change the model's output at all (otherwise the comparison would be vacuous).
+32 greedy tokens, with the top-2 log-probabilities of every step.
+
+What "match" means: the model's logits are bf16, so two candidate tokens often have exactly equal
+logits (one bf16 step is 0.0625 at logit 8-16). The fast and the stock kernels round a few of the
+LoRA intermediates differently (about 5e-5 of them; neither is closer to an fp64 computation), and
+at such a tie that is enough to pick the other token. Measured: 15 of 20 completions identical,
+and each of the other 5 diverged at a step where one path's top-2 logits were exactly equal and the
+other's one bf16 step apart. So the test requires every completion to be identical up to its end
+or up to a tie (top-2 gap <= 2 bf16 steps in both paths, the same two tokens), reports the share
+of fully identical completions, and checks that the adapters change the output at all (otherwise
+the comparison would be vacuous).
 """
 from __future__ import annotations
 
@@ -61,12 +69,23 @@ def serve(fast: bool, out_json: str, adapter_dir: str) -> None:
     # slot to no-adapter tokens) and the fast ops agree on the base-model requests too.
     eng = VLLMBackend(model, max_loras=N_ADAPTERS + 1, kv_cache_gib=1, fast_lora=fast, max_num_seqs=64)
     try:
+        from vllm import SamplingParams
+        from vllm.lora.request import LoRARequest
+
         questions = [json.loads(line)["question"] for line in GSM8K.open()][:N_PROMPTS]
         prompts = [eng.tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
                                                      add_generation_prompt=True) for q in questions]
         adapters = [a for a in [None, *refs] for _ in prompts]
-        outs = eng.generate(prompts * (N_ADAPTERS + 1), adapters, Sampling(max_tokens=MAX_TOKENS), use_tqdm=False)
-        Path(out_json).write_text(json.dumps([o[0].text for o in outs]))
+        loras = [None if a is None else LoRARequest(a.name, a.lora_int_id, a.path) for a in adapters]
+        params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, logprobs=2)
+        outs = eng.llm.generate(prompts * (N_ADAPTERS + 1), params, lora_request=loras, use_tqdm=False)
+        rows = []
+        for o in outs:
+            c = o.outputs[0]
+            # per step: {token id: logprob} of the two most likely tokens (plus the chosen one)
+            top = [{int(k): float(v.logprob) for k, v in step.items()} for step in c.logprobs]
+            rows.append({"text": c.text, "tokens": list(c.token_ids), "top": top})
+        Path(out_json).write_text(json.dumps(rows))
     finally:
         eng.close()
 
@@ -78,7 +97,27 @@ def _run(fast: bool, tmp_path: Path) -> tuple[list[str], str]:
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
-    return json.loads(out.read_text()), log
+    rows = json.loads(out.read_text())
+    for r in rows:  # JSON object keys are strings: back to token ids
+        r["top"] = [{int(k): v for k, v in step.items()} for step in r["top"]]
+    return rows, log
+
+
+TIE = 0.25  # two bf16 logit steps at |logit| in [16, 32)
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token, None when the token lists are equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def gap(top: dict) -> float:
+    """Log-probability gap between the two most likely tokens of one step."""
+    v = sorted(top.values(), reverse=True)
+    return v[0] - v[1] if len(v) > 1 else float("inf")
 
 
 @pytest.mark.integration
@@ -91,14 +130,25 @@ def test_fast_path_matches_stock_greedy(tmp_path, record_property):
     assert "Using FastPunicaWrapperCPU" in fast_log
     assert "Using PunicaWrapperCPU" in stock_log and "FastPunicaWrapperCPU" not in stock_log
 
-    same = sum(a == b for a, b in zip(fast, stock))
-    rate = same / len(fast)
-    record_property("greedy_match_rate", rate)
-    print(f"\nfast vs stock greedy completions identical: {same}/{len(fast)} ({rate:.0%})")
-    assert rate >= 0.9, [(i, a, b) for i, (a, b) in enumerate(zip(fast, stock)) if a != b]
+    identical, not_ties = 0, []
+    for i, (f, s) in enumerate(zip(fast, stock)):
+        k = first_divergence(f["tokens"], s["tokens"])
+        if k is None:
+            identical += 1
+            continue
+        tie = (k < len(f["top"]) and k < len(s["top"]) and set(f["top"][k]) >= {f["tokens"][k], s["tokens"][k]}
+               and gap(f["top"][k]) <= TIE and gap(s["top"][k]) <= TIE)
+        if not tie:
+            not_ties.append((i, k, f["top"][k] if k < len(f["top"]) else None, s["top"][k] if k < len(s["top"]) else None))
+    rate = identical / len(fast)
+    record_property("greedy_identical_rate", rate)
+    print(f"\nfast vs stock: {identical}/{len(fast)} greedy completions identical ({rate:.0%}); "
+          f"the other {len(fast) - identical - len(not_ties)} diverge at bf16 logit ties")
+    assert not not_ties, f"completions diverging where the logits are not tied: {not_ties}"
+    assert rate >= 0.5, "most completions should not even meet a tie within 32 tokens"
 
-    base = stock[:N_PROMPTS]
-    changed = [any(stock[(k + 1) * N_PROMPTS + i] != base[i] for i in range(N_PROMPTS)) for k in range(N_ADAPTERS)]
+    base = [r["text"] for r in stock[:N_PROMPTS]]
+    changed = [any(stock[(k + 1) * N_PROMPTS + i]["text"] != base[i] for i in range(N_PROMPTS)) for k in range(N_ADAPTERS)]
     assert sum(changed) >= N_ADAPTERS - 1, "the random adapters do not change the output: the test is vacuous"
 
 

@@ -6,9 +6,10 @@ reports population evaluation at 91 % of pure batch-inference throughput; with v
 LoRA ops it ran at a quarter of it here, because those ops gather a private copy of each token's
 adapter matrices and run a batched einsum.
 
-- ``ops``: stacked-GEMM kernels (one GEMM against every adapter at once, a per-token mask, one
-  GEMM against every adapter's B): drop-in ``bgmv_*``/``sgmv_*`` replacements of
-  ``vllm.lora.ops.torch_ops`` and the fused per-layer ``lora_linear``. Imports only torch.
+- ``ops``: the kernels. ``lora_linear`` groups the tokens by adapter and runs every group through
+  batched GEMMs (all q/k/v slices at once, no per-token copies of weights); drop-in
+  ``bgmv_*``/``sgmv_*`` replacements of ``vllm.lora.ops.torch_ops`` (one GEMM against every
+  adapter stacked, then a per-token mask). Imports only torch.
 - ``punica``: ``FastPunicaWrapperCPU``, vLLM's CPU punica wrapper using them (imports vLLM).
 - ``plugin``: the ``vllm.general_plugins`` entry point ``register()``; switch ``$ESSA_FAST_LORA``
   (``1`` default, ``0`` off, ``force`` on untested vLLM versions).

@@ -111,7 +111,7 @@ def register() -> None:
         if is_installed():
             return
         install()
-        log.info("essa fast_lora: stacked-GEMM CPU LoRA kernels installed (vLLM %s, pid %d; %s=0 disables).",
+        log.info("essa fast_lora: grouped-GEMM CPU LoRA kernels installed (vLLM %s, pid %d; %s=0 disables).",
                  version, os.getpid(), ENV_VAR)
     except Exception as e:  # never break vLLM start-up
         try:

@@ -1,4 +1,4 @@
-"""``FastPunicaWrapperCPU``: vLLM's CPU punica wrapper with the stacked-GEMM kernels of ``ops``.
+"""``FastPunicaWrapperCPU``: vLLM's CPU punica wrapper with the grouped-GEMM kernels of ``ops``.
 
 vLLM routes every LoRA layer's work through one punica wrapper per model, picked by
 ``current_platform.get_punica_wrapper()`` (a qualified class name). The plugin
@@ -10,9 +10,9 @@ What is overridden (vLLM 0.32.0, ``vllm/lora/punica_wrapper/punica_cpu.py``):
   drops the per-step token plan.
 - ``add_lora_linear`` (every q/k/v/o and MLP LoRA layer): skipped when no slot of the layer holds
   weights (vLLM also wraps the MLP when adapters only target attention); otherwise all slices and
-  slots in one fused pass
-  (:func:`engine.fast_lora.ops.lora_linear`, grouped-bmm or stacked-GEMM path chosen once per
-  step by :func:`engine.fast_lora.ops.plan_tokens`) instead of 2 x n gather-and-einsum calls.
+  slots in one grouped pass (:func:`engine.fast_lora.ops.lora_linear`, tokens grouped once per
+  LoRA mapping by :func:`engine.fast_lora.ops.plan_tokens`) instead of 2 x n gather-and-einsum
+  calls. Inside a torch.compile trace it defers to vLLM's own implementation.
 - ``add_shrink``, ``add_expand``, ``add_lora_embedding``, ``add_lora_logits``: the drop-in
   ``bgmv_*`` kernels of ``ops`` with per-token indices (prefill and decode alike: vLLM's v1
   runner always marks batches as prefill on CPU, and the per-token ids equal the exploded
@@ -41,7 +41,7 @@ def _compiling() -> bool:
 
 
 class FastPunicaWrapperCPU(PunicaWrapperCPU):
-    """Punica wrapper for vLLM's CPU back-end that runs multi-LoRA as stacked GEMMs.
+    """Punica wrapper for vLLM's CPU back-end that runs multi-LoRA as grouped GEMMs.
 
     Same constructor and public methods as ``PunicaWrapperCPU``; outputs agree with vLLM's torch
     reference ops up to summation order, except that a token with no adapter (slot id -1) gets no
@@ -70,12 +70,12 @@ class FastPunicaWrapperCPU(PunicaWrapperCPU):
         """The whole batch is on the base model (vLLM's own early exit in prefill mode)."""
         return self.is_prefill and self.no_lora
 
-    def _plan(self, num_slots: int, dtype: torch.dtype) -> ops.TokenPlan:
-        """This step's token layout (built on the first LoRA layer, reused by the others)."""
-        key = (num_slots, dtype)
-        plan = self._plans.get(key)
+    def _plan(self, num_slots: int) -> ops.TokenPlan:
+        """This step's token grouping (built on the first LoRA layer, reused by the others and by
+        later steps until vLLM changes the mapping)."""
+        plan = self._plans.get(num_slots)
         if plan is None:
-            plan = self._plans[key] = ops.plan_tokens(self.token_lora_indices, num_slots, dtype)
+            plan = self._plans[num_slots] = ops.plan_tokens(self.token_lora_indices, num_slots)
         return plan
 
     # -- LoRA entry points ---------------------------------------------------------------------
@@ -96,23 +96,18 @@ class FastPunicaWrapperCPU(PunicaWrapperCPU):
                 intermediate in ``x``'s dtype instead of a float32 buffer).
         """
         assert len(lora_a_stacked) == len(lora_b_stacked) == len(output_slices)
+        if _compiling():  # Python-side plans and caches do not belong in a traced graph
+            return super().add_lora_linear(y, x, lora_a_stacked, lora_b_stacked, scale, output_slices,
+                                           buffer=buffer, **kwargs)
         if self._skip():
             return
         x2 = x.reshape(-1, x.shape[-1])
         y2 = y.view(-1, y.shape[-1])
-        num_slots = lora_a_stacked[0].shape[0]
-        if _compiling():  # no Python-side caches inside a traced graph: stacked mode, rebuilt
-            a_slot, b_slot = ops.build_slot_weights(lora_a_stacked, lora_b_stacked, x2.dtype)
-            mask = ops.onehot_mask(self.token_lora_indices, num_slots, x2.dtype)
-            ops.lora_linear(y2, x2, a_slot, b_slot, ops.TokenPlan(x2.shape[0], num_slots, "stacked", mask=mask),
-                            scale)
-            return
-        plan = self._plan(num_slots, x2.dtype)
+        plan = self._plan(lora_a_stacked[0].shape[0])
         if plan.mode == "none" or self._weights.is_zero(lora_a_stacked, lora_b_stacked, x2.dtype):
             return
         a_slot, b_slot = self._weights.get(lora_a_stacked, lora_b_stacked, x2.dtype)
-        units = (self._weights.get_units(lora_a_stacked, lora_b_stacked, x2.dtype, plan)
-                 if plan.mode == "grouped" else None)
+        units = self._weights.get_units(lora_a_stacked, lora_b_stacked, x2.dtype, plan)
         ops.lora_linear(y2, x2, a_slot, b_slot, plan, scale, unit_weights=units)
 
     def add_shrink(self, y, x: torch.Tensor, lora_a_stacked: tuple[torch.Tensor, ...], scale: float,
