@@ -8,13 +8,12 @@ W' = W + (lora_alpha / r) B A (Hu et al. 2021, LoRA, Eq. 3).
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from .io import atomic_dir
 
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 
@@ -54,23 +53,11 @@ def write_adapter(path, lora: dict[str, torch.Tensor], rank: int, lora_alpha: fl
         The adapter directory.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-    try:
+    with atomic_dir(path) as tmp:
         tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in lora.items()}
         save_file(tensors, str(tmp / "adapter_model.safetensors"))
         cfg = adapter_config(rank, lora_alpha, target_modules, base_model)
         (tmp / "adapter_config.json").write_text(json.dumps(cfg, indent=2))
-        if path.exists():
-            old = path.with_name(f".{path.name}.old-{os.getpid()}")
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return path
 
 

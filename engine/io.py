@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -78,3 +80,24 @@ def read_rows(path) -> list[dict]:
     """Rows of a Parquet file; [] when it does not exist."""
     path = Path(path)
     return pq.read_table(path).to_pylist() if path.exists() else []
+
+
+@contextmanager
+def atomic_dir(final: str | Path):
+    """Build a directory atomically: yields a fresh temp sibling of ``final``; on success it replaces
+    ``final`` (old content removed), on error it is deleted and ``final`` is left untouched."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        yield tmp
+        if final.exists():
+            old = final.with_name(f".{final.name}.old-{os.getpid()}")
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
-import tempfile
 from pathlib import Path
+
+from .io import atomic_dir
 
 DEFAULT_MODEL = "embedded:smollm2-135m-instruct"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -61,9 +61,7 @@ def prepare_embedded_model(out_dir: Path | None = None, force: bool = False) -> 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src = _gguf_location()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:
         tok = AutoTokenizer.from_pretrained(str(src), gguf_file=GGUF_FILE)
         model = AutoModelForCausalLM.from_pretrained(str(src), gguf_file=GGUF_FILE, dtype=torch.bfloat16)
         # GGUF-loaded models refuse save_pretrained until the quantizer is dropped.
@@ -73,12 +71,6 @@ def prepare_embedded_model(out_dir: Path | None = None, force: bool = False) -> 
         model.save_pretrained(str(tmp), safe_serialization=True)
         tok.save_pretrained(str(tmp))
         (tmp / ".complete").write_text("ok\n")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

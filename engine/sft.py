@@ -14,12 +14,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
+from .io import atomic_dir
 from .model import cache_dir
 from .prompts import chat_messages
 from .tasks import Problem
@@ -71,16 +70,8 @@ def warm_start(model_path: str, problems: list[Problem], sft_cfg, lora_cfg, syst
     if sft_cfg.cache and (final / "adapter_config.json").exists():
         log.info("SFT warm start: cached adapter %s", final)
         return final
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=root))
-    try:
+    with atomic_dir(final) as tmp:
         _train(model_path, examples, sft_cfg, lora_cfg, system_prompt, tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 
