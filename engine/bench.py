@@ -6,7 +6,9 @@ one multi-LoRA batch (Punica, arXiv 2310.18547; S-LoRA, arXiv 2311.03285). EGGRO
 benchmark measures, on the same prompts (real GSM8K questions under the model's chat template)
 and the same greedy sampling, in one process:
 
-1. ``base``: the P x B requests on the base model (no adapter): the limit;
+1. ``base``: the P x B requests on the base model (no adapter): the limit; measured on the same
+   engine right before the population run, and with ``base_without_lora=true`` also on a separate
+   engine started without LoRA support (the strict limit; runs first, costs a minute or two);
 2. ``population``: one ES generation's generate call: P candidates x B prompts, P fresh adapters
    (ids never seen before, so vLLM loads them inside the call, as in training);
 3. ``naive``: transformers + peft, one candidate at a time: load its adapter, ``generate`` over
@@ -16,12 +18,18 @@ and the same greedy sampling, in one process:
 and the ratios population/base and population/naive (tokens/s). It also times every phase of one
 ES generation (ask, genome -> adapter tensors, writing adapters, vLLM adapter load, generation,
 reward scoring, tell) at ``phases_population`` so the non-generation share is visible. The adapter
-load happens inside vLLM's generate call; it is estimated as that call's time minus a second call
-with the same (now loaded) adapters.
+load happens inside vLLM's generate call; a probe measures it (one 1-token request per adapter
+under fresh ids, minus the same requests again).
 
 The ``population`` and ``base`` runs of one P are adjacent, so a machine whose load drifts affects
 both alike; ``repeats`` > 1 repeats the pair and reports the best of each (all samples are kept
-in the JSON). The load average before and after is recorded: on a shared CPU it explains noise.
+in the JSON). Besides wall time, the CPU time of this process and vLLM's (child) processes is
+recorded per run: other users' load inflates wall time much more than it inflates CPU time, so
+the CPU-time ratio is a cross-check on a shared machine. The load average is recorded too.
+
+Both runs use the same engine with prefix caching off (the base run repeats B prompts P times;
+distinct adapters can never share a cached prompt) and LoRA restricted to the adapters' target
+modules.
 
 Output: a readable table on stdout and JSON at ``output`` (default ``<run dir>/bench.json``).
 """
@@ -134,12 +142,47 @@ def _rate(tokens: int, seconds: float) -> dict[str, float]:
     return {"tokens": int(tokens), "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else 0.0}
 
 
+def cpu_seconds() -> float:
+    """CPU time (user + system, s) of this process and all its descendants (vLLM's engine core
+    and workers). Other users' load inflates wall time, much less this; OpenMP spin-waiting
+    still counts, so it is a contention-robust cross-check, not a replacement for wall time."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for p in (me, *me.children(recursive=True)):
+        try:
+            c = p.cpu_times()
+            total += c.user + c.system
+        except psutil.Error:  # a child that just exited
+            pass
+    return total
+
+
 def _timed_generate(backend, prompts, adapters, sampling) -> tuple[dict, list[str]]:
-    t0 = time.perf_counter()
+    c0, t0 = cpu_seconds(), time.perf_counter()
     outs = backend.generate(prompts, adapters, sampling, use_tqdm=False)
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, cpu_seconds() - c0
     texts = [o[0].text for o in outs]
-    return _rate(sum(o[0].n_tokens for o in outs), dt), texts
+    rate = _rate(sum(o[0].n_tokens for o in outs), dt)
+    rate["cpu_s"] = round(cpu, 3)
+    rate["tokens_per_cpu_s"] = round(rate["tokens"] / cpu, 1) if cpu > 0 else 0.0
+    return rate, texts
+
+
+def load_probe(backend, prompt: str, refs: list, generation_ids: list[int]) -> float:
+    """Seconds vLLM spends loading P adapters: a 1-token request per adapter under fresh ids
+    (loaded from the files) minus the same requests again (already resident). Short calls, so the
+    difference is not drowned in generation noise."""
+    from .backends import AdapterRef, Sampling
+
+    fresh = [AdapterRef(r.name + "-probe", i, r.path) for r, i in zip(refs, generation_ids)]
+    one = Sampling(max_tokens=1)
+    t0 = time.perf_counter()
+    backend.generate([prompt] * len(fresh), fresh, one, use_tqdm=False)
+    t1 = time.perf_counter()
+    backend.generate([prompt] * len(fresh), fresh, one, use_tqdm=False)
+    return max(0.0, (t1 - t0) - (time.perf_counter() - t1))
 
 
 def one_generation(backend, pop: Population, P: int, prompts: list[str], answers: list[str], sampling,
@@ -147,8 +190,10 @@ def one_generation(backend, pop: Population, P: int, prompts: list[str], answers
     """One ES generation at population size P, every phase timed (seconds).
 
     Phases: ask, decode (genome -> LoRA tensors), write (PEFT files), generate (the one vLLM call,
-    adapter load included), load (estimated: generate minus a second call with loaded adapters,
-    only with ``measure_load``), reward (rewards.reward on every completion), tell.
+    adapter load included), load (vLLM loading the P adapters, measured by :func:`load_probe` only
+    with ``measure_load``; part of generate's time), reward (rewards.reward on every completion),
+    tell. ``non_generation_share`` = (ask + decode + write + load + reward + tell) / (ask + decode +
+    write + generate + reward + tell).
     """
     from .adapters import write_adapter
     from .backends import AdapterRef, lora_int_id
@@ -174,11 +219,10 @@ def one_generation(backend, pop: Population, P: int, prompts: list[str], answers
     flat_adapters = [a for a in refs for _ in prompts]
     gen, texts = _timed_generate(backend, flat_prompts, flat_adapters, sampling)
     t["generate"] = gen["seconds"]
-    warm = None
     if measure_load:
-        warm, _ = _timed_generate(backend, flat_prompts, flat_adapters, sampling)
-        t["load"] = max(0.0, gen["seconds"] - warm["seconds"])
-        notes.append("load = generate(new adapters) - generate(same adapters again); noisy on a loaded machine")
+        t["load"] = load_probe(backend, prompts[0], refs, [lora_int_id(generation + 500, k) for k in range(P)])
+        notes.append("load: 1-token requests under fresh adapter ids minus the same requests again; it happens "
+                     "inside the generate call, so it is part of 'generate' and counted as outside generation")
     fitness = None
     try:
         from rewards import reward
@@ -200,9 +244,9 @@ def one_generation(backend, pop: Population, P: int, prompts: list[str], answers
         notes.append(pop.note)
     shutil.rmtree(root / f"gen_{generation:03d}", ignore_errors=True)
     known = {k: v for k, v in t.items() if v is not None}
-    outside = sum(v for k, v in known.items() if k not in ("generate", "load")) + known.get("load", 0.0)
+    outside = sum(v for k, v in known.items() if k != "generate")  # load is inside generate's time
     total = sum(v for k, v in known.items() if k != "load")
-    return {"population": gen, "population_loaded": warm, "phases_s": {k: (None if v is None else round(v, 4)) for k, v in t.items()},
+    return {"population": gen, "phases_s": {k: (None if v is None else round(v, 4)) for k, v in t.items()},
             "non_generation_s": round(outside, 4), "generation_total_s": round(total, 4),
             "non_generation_share": round(outside / total, 4) if total > 0 else None,
             "accuracy": None if fitness is None else round(float(np.mean(fitness)), 4), "notes": notes}
@@ -276,14 +320,21 @@ def format_table(result: dict) -> str:
              f"torch {result['machine']['torch']}",
              "",
              f"{'P':>4} {'seqs':>5} | {'base tok/s':>10} {'pop tok/s':>10} {'naive tok/s':>11} | {'pop/base':>8} {'pop/naive':>9} "
-             f"| {'base s':>7} {'pop s':>7} {'naive s':>8}"]
+             f"{'(cpu-time pop/base)':>19} | {'base s':>7} {'pop s':>7} {'naive s':>8}"]
+    nan = float("nan")
     for r in result["rows"]:
         nv = r.get("naive") or {}
         lines.append(
             f"{r['P']:>4} {r['sequences']:>5} | {r['base']['tokens_per_s']:>10.1f} {r['population']['tokens_per_s']:>10.1f} "
-            f"{nv.get('tokens_per_s', float('nan')):>11.1f} | {r['ratio_pop_base']:>8.3f} "
-            f"{(r.get('ratio_pop_naive') or float('nan')):>9.2f} | {r['base']['seconds']:>7.1f} {r['population']['seconds']:>7.1f} "
-            f"{nv.get('seconds', float('nan')):>8.1f}")
+            f"{nv.get('tokens_per_s', nan):>11.1f} | {r['ratio_pop_base']:>8.3f} {(r.get('ratio_pop_naive') or nan):>9.2f} "
+            f"{(r.get('ratio_pop_base_cpu') or nan):>19.3f} | {r['base']['seconds']:>7.1f} {r['population']['seconds']:>7.1f} "
+            f"{nv.get('seconds', nan):>8.1f}")
+    if any("base_without_lora" in r for r in result["rows"]):
+        lines.append("")
+        for r in result["rows"]:
+            if "base_without_lora" in r:
+                lines.append(f"P={r['P']}: base on an engine without LoRA support {r['base_without_lora']['tokens_per_s']:.1f} "
+                             f"tok/s; population / that = {r['ratio_pop_base_without_lora']:.3f}")
     ph = result.get("phases")
     if ph:
         lines += ["", f"one ES generation at P={ph['P']} (seconds):"]
@@ -291,7 +342,8 @@ def format_table(result: dict) -> str:
         lines.append("  " + "  ".join(f"{k}={'n/a' if ph['phases_s'].get(k) is None else format(ph['phases_s'][k], '.3f')}"
                                       for k in order if k in ph["phases_s"]))
         lines.append(f"  outside generation: {ph['non_generation_s']:.3f} s = {100 * ph['non_generation_share']:.1f} % of "
-                     f"the generation's {ph['generation_total_s']:.1f} s (load counted outside; it runs inside vLLM's call)")
+                     f"the generation's {ph['generation_total_s']:.1f} s (load runs inside vLLM's generate call and "
+                     "is counted as outside generation)")
         for n in ph.get("notes", []):
             lines.append(f"  note: {n}")
     if result.get("notes"):
@@ -352,6 +404,23 @@ def main(cfg) -> dict:
             "target_modules": tuple(cfg.lora.target_modules)}
     root = Path(tempfile.mkdtemp(prefix="essa-bench-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None))
 
+    plain: dict[int, dict] = {}
+    if cfg.get("base_without_lora"):
+        # the strict limit: an engine without LoRA support at all (vLLM's LoRA layer wrappers and
+        # per-step mapping cost a little even when no request has an adapter)
+        eng = VLLMBackend(model, max_model_len=int(cfg.model.max_model_len), dtype=cfg.model.dtype, seed=int(cfg.seed),
+                          kv_cache_gib=float(cfg.engine.kv_cache_gib), max_num_seqs=int(cfg.engine.max_num_seqs),
+                          enable_lora=False, fast_lora=False, extra={"enable_prefix_caching": False})
+        try:
+            prompts = [build_prompt(eng.tokenizer, q, cfg.system_prompt) for q, _ in qa]
+            eng.generate(prompts[:2], [None, None], Sampling(max_tokens=8), use_tqdm=False)
+            for P in populations:
+                flat = [p for _ in range(P) for p in prompts]
+                plain[P], _ = _timed_generate(eng, flat, [None] * len(flat), sampling)
+                print(f"P={P}: base without LoRA support {plain[P]['tokens_per_s']:.1f} tok/s", flush=True)
+        finally:
+            eng.close()
+
     # Prefix caching off: the base run repeats B prompts P times and would otherwise prefill each
     # once, while candidates (distinct LoRA ids) cannot share cached prompts; off, both runs do the
     # same work. LoRA only where the adapters have weights (vLLM would also wrap the MLP).
@@ -386,7 +455,12 @@ def main(cfg) -> dict:
             best = max(pop_runs, key=lambda r: r["population"]["tokens_per_s"])
             row = {"P": P, "sequences": P * B, "base": base, "population": best["population"],
                    "ratio_pop_base": round(best["population"]["tokens_per_s"] / base["tokens_per_s"], 4),
+                   "ratio_pop_base_cpu": (round(best["population"]["tokens_per_cpu_s"] / base["tokens_per_cpu_s"], 4)
+                                          if base.get("tokens_per_cpu_s") else None),
                    "samples": {"base": base_runs, "population": [r["population"] for r in pop_runs]}}
+            if P in plain:
+                row["base_without_lora"] = plain[P]
+                row["ratio_pop_base_without_lora"] = round(best["population"]["tokens_per_s"] / plain[P]["tokens_per_s"], 4)
             if P == phases_p:
                 result["phases"] = {"P": P, **{k: v for k, v in pop_runs[0].items() if k != "population"}}
             result["rows"].append(row)

@@ -45,7 +45,8 @@ checked against this clock after every optimiser step.
 
 Run directory: ``run.json`` (method ``grpo`` or ``f-grpo``), ``validation.parquet`` (``step, wall_s,
 condition, accuracy, n_problems, method``; conditions ``sft`` at step 0 and ``policy``),
-``metrics.parquet`` (one row per step: ``step, wall_s, reward_mean, reward_std, loss, kl, ...``),
+``metrics.parquet`` (one row per step: ``step, wall_s, reward_mean, reward_std, loss, kl, ...``;
+``t_eval_total`` = validation seconds included in ``wall_s`` so far),
 ``adapters/final`` (PEFT adapter). ``step`` counts optimiser steps; one step = one generation of
 ``prompts_per_step x num_generations`` rollouts (on-policy, ``num_iterations = 1``).
 """
@@ -374,14 +375,15 @@ def _run_logger_class():
 
         def __init__(self, run):
             self.run = run
-            self.step_wall: dict[int, float] = {}
+            self.at_step_end: dict[int, tuple[float, float]] = {}  # step -> (wall_s, eval seconds so far)
 
         def on_step_end(self, args, state, control, **kwargs):
             run, step = self.run, state.global_step
-            self.step_wall[step] = run.clock()
+            wall = run.clock()
+            self.at_step_end[step] = (wall, run.eval_s)
             budget = run.cfg.grpo.time_budget_s
-            if budget is not None and self.step_wall[step] >= budget and not control.should_training_stop:
-                log.info("time budget %.0f s reached after step %d (%.1f s)", budget, step, self.step_wall[step])
+            if budget is not None and wall >= budget and not control.should_training_stop:
+                log.info("time budget %.0f s reached after step %d (%.1f s)", budget, step, wall)
                 control.should_training_stop = True
             every = run.cfg.grpo.eval_every
             if control.should_training_stop or (every and step % every == 0):
@@ -390,7 +392,8 @@ def _run_logger_class():
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "loss" in logs:
-                self.run.add_metrics(state.global_step, self.step_wall.get(state.global_step, self.run.clock()), logs)
+                wall, eval_s = self.at_step_end.get(state.global_step, (self.run.clock(), self.run.eval_s))
+                self.run.add_metrics(state.global_step, wall, eval_s, logs)
 
     return RunLogger
 
@@ -425,7 +428,9 @@ class _Run:
         self.last_validated = step
         return acc
 
-    def add_metrics(self, step: int, wall: float, logs: dict) -> None:
+    def add_metrics(self, step: int, wall: float, eval_s: float, logs: dict) -> None:
+        """One metrics row: TRL's logs of ``step``; ``wall`` and ``eval_s`` (validation seconds so far,
+        included in ``wall``) as they stood when the step ended."""
         nan = float("nan")
         row = {"step": step, "wall_s": wall, "reward_mean": logs.get("reward", nan),
                "reward_std": logs.get("reward_std", nan), "loss": logs.get("loss", nan), "kl": logs.get("kl", nan),
@@ -433,7 +438,7 @@ class _Run:
                "focal_weight_mean": logs.get("focal/weight_mean", nan if self.cfg.grpo.focal_gamma else 1.0),
                "completion_length": logs.get("completions/mean_length", nan),
                "step_time": logs.get("step_time", nan), "learning_rate": logs.get("learning_rate", nan),
-               "t_eval_total": self.eval_s}
+               "t_eval_total": eval_s}
         self.mrows.append({k: float(v) if k != "step" else int(v) for k, v in row.items()})
         io.write_parquet(self.run_dir / "metrics.parquet", self.mrows)
         log.info("step %d  reward %.3f (std %.3f)  loss %.4f  wall %.1f s", step, row["reward_mean"],

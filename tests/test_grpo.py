@@ -82,7 +82,7 @@ def test_time_budget_stops_training_and_validates():
     validated = []
     clock = iter([5.0, 12.0])
     run = types.SimpleNamespace(cfg=compose("grpo.time_budget_s=10", "grpo.eval_every=0"), clock=lambda: next(clock),
-                                validate=lambda step, model: validated.append(step))
+                                eval_s=0.0, validate=lambda step, model: validated.append(step))
     cb = _run_logger_class()(run)
     for step, expect_stop in ((1, False), (2, True)):
         control = types.SimpleNamespace(should_training_stop=False)

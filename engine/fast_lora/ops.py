@@ -11,12 +11,11 @@ shrink and expand: ~12 tensor ops and T x r x in bytes of copying per slice and 
 Here the tokens are grouped by adapter and every group runs as plain batched GEMMs (Punica's
 SGMV idea, done with ``torch.bmm``): cut the batch into U units of G rows, each unit on one slot::
 
-    xg = x.view(U, G, in)        (or x[perm] when the tokens must be gathered and padded)
-    S  = xg @ A_unit^T           A_unit (U, n*r, in)          -> (U, G, n*r)
-    D  = S @ B_unit              B_unit (U, n*r, sum o_i)     -> (U, G, sum o_i)
-    y += D                       (or D[inv])
+    xg = x.view(U, G, in)          (or x[perm] when the tokens must be gathered and padded)
+    S  = xg @ A_unit^T             A_unit (U, n*r, in)          -> (U, G, n*r)
+    y.view(U, G, -1) += S @ B_unit B_unit (U, n*r, sum o_i)     (one baddbmm_, in place)
 
-The minimal flops (times the padding), all slices of a packed layer (q, k, v) at once, three ops
+The minimal flops (times the padding), all slices of a packed layer (q, k, v) at once, two ops
 when no gather is needed. That is the common case: vLLM keeps each request's tokens together and
 an ESSA population's requests come as P groups of B, so a decode step is P equal runs
 (:func:`plan_tokens`, once per change of vLLM's LoRA mapping, which stays fixed over many decode
@@ -485,11 +484,12 @@ def lora_linear(y: torch.Tensor, x: torch.Tensor, a_slot: torch.Tensor, b_slot: 
                     y[t, off:off+o_i] += scale * x[t] @ A_i[idx[t]].T @ B_i[idx[t]].T
             off += o_i
 
-    as ``S = bmm(x_units, A_unit^T)``, ``D = bmm(S, B_unit)``, ``y += D``: three ops when the plan
-    needs no gather (an ESSA decode step), five otherwise. Rounding is the reference's: S and D are
-    rounded to ``x``'s dtype, then added to ``y``; every token takes the same arithmetic whatever
-    the batch around it (bf16 ``bmm`` rows do not depend on the batch size), so greedy outputs do
-    not depend on how vLLM happened to batch the requests.
+    as ``S = bmm(x_units, A_unit^T)`` then ``y_units.baddbmm_(S, B_unit)``: two ops when the plan
+    needs no gather (an ESSA decode step), five otherwise (gather x and y rows, scatter y back).
+    S is rounded to ``x``'s dtype (as vLLM's reference rounds its fp32 shrink result before the
+    expand); ``y + S @ B`` is rounded once. Every token takes the same arithmetic whatever the
+    batch and layout around it (rows of bf16 ``bmm``/``baddbmm`` do not depend on the batch
+    size), so greedy outputs do not depend on how vLLM happened to schedule the requests.
 
     Args:
         y: (T, >= offset_start + sum(o_i)) layer output, updated in place.
@@ -515,12 +515,17 @@ def lora_linear(y: torch.Tensor, x: torch.Tensor, a_slot: torch.Tensor, b_slot: 
         unit_weights = ((a_slot[:u], b_slot[:u]) if plan.units_are_prefix
                         else (a_slot.index_select(0, plan.units), b_slot.index_select(0, plan.units)))
     a_u, b_u = unit_weights
-    xg = x.reshape(u, g, d_in) if plan.perm is None else x.index_select(0, plan.perm).view(u, g, d_in)
-    s = torch.bmm(xg, a_u.transpose(1, 2))  # (U, G, n*r)
+    s = torch.bmm(x.reshape(u, g, d_in) if plan.perm is None else x.index_select(0, plan.perm).view(u, g, d_in),
+                  a_u.transpose(1, 2))  # (U, G, n*r)
     if scale != 1.0:
         s.mul_(scale)
-    d = torch.bmm(s, b_u)  # (U, G, sum o_i)
-    if plan.inv is None:
-        out.unflatten(0, (u, g)).add_(d)
+    if plan.perm is None:
+        out.unflatten(0, (u, g)).baddbmm_(s, b_u)  # y += S @ B_unit, (U, G, sum o_i), in place
+        return
+    yg = out.index_select(0, plan.perm).view(u, g, width)  # the same arithmetic on gathered rows
+    yg.baddbmm_(s, b_u)
+    rows = yg.view(u * g, width)
+    if out.is_contiguous():
+        torch.index_select(rows, 0, plan.inv, out=out)
     else:
-        out.add_(d.view(u * g, width).index_select(0, plan.inv))
+        out.copy_(rows.index_select(0, plan.inv))

@@ -111,8 +111,12 @@ def register() -> None:
         if is_installed():
             return
         install()
-        log.info("essa fast_lora: grouped-GEMM CPU LoRA kernels installed (vLLM %s, pid %d; %s=0 disables).",
-                 version, os.getpid(), ENV_VAR)
+        if version in TESTED_VLLM_VERSIONS:
+            log.info("essa fast_lora: grouped-GEMM CPU LoRA kernels installed (vLLM %s, pid %d; %s=0 disables).",
+                     version, os.getpid(), ENV_VAR)
+        else:
+            log.warning("essa fast_lora: installed on UNTESTED vLLM %s because %s=force (pid %d).",
+                        version, ENV_VAR, os.getpid())
     except Exception as e:  # never break vLLM start-up
         try:
             _logger().warning("essa fast_lora: not installed (%s: %s); using vLLM's CPU LoRA kernels.",
