@@ -207,6 +207,7 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     seed: int = 0
     generations: int = 10
+    time_budget_s: Optional[float] = None  # stop after the first generation that ends past this (s)
     resume: Optional[str] = None
     label: Optional[str] = None
     report: bool = True
@@ -233,6 +234,8 @@ def validate(cfg) -> None:
         raise ConfigError(f"strategy.genome.alpha={s.genome.alpha}: must be in (0, 1]")
     if cfg.generations < 0:
         raise ConfigError(f"generations={cfg.generations}: must be >= 0")
+    if cfg.time_budget_s is not None and not cfg.time_budget_s > 0:
+        raise ConfigError(f"time_budget_s={cfg.time_budget_s}: must be > 0 seconds, or null for no budget")
     r = cfg.rollout
     if r.prompts_per_generation < 1 or r.samples_per_prompt < 1 or r.max_tokens < 1:
         raise ConfigError("rollout.prompts_per_generation, rollout.samples_per_prompt and rollout.max_tokens must be >= 1")

@@ -37,10 +37,10 @@ needs a vLLM version TRL supports.
 Held-out validation is greedy transformers ``generate`` with the current LoRA weights (batched,
 left padding), scored with ``rewards.MathReward``.
 
-Clock (``wall_s``, seconds), the same as ``engine/loop.py::run_train``: started before model
-resolution, task loading and the SFT warm start, so it includes a cached warm start's lookup (or an
-uncached warm start's training), building the trainer, every generation/training step and every
-validation. Nothing that happens after the clock starts is excluded. ``grpo.time_budget_s`` is
+Clock (``wall_s``, seconds), the same as ``engine/loop.py::run_train``: started right after the
+SFT warm start that ESSA, GRPO and F-GRPO share (so its cost, cached or not, is in none of them); it
+includes loading the model, building the trainer, every generation/training step and every
+validation (ESSA's includes vLLM start-up and its baselines). Nothing after the start is excluded. ``grpo.time_budget_s`` is
 checked against this clock after every optimiser step.
 
 Run directory: ``run.json`` (method ``grpo`` or ``f-grpo``), ``validation.parquet`` (``step, wall_s,
@@ -54,9 +54,7 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -446,17 +444,9 @@ class _Run:
 
 
 def _save_adapter(model, out: Path) -> Path:
-    """Write the trained ("default") adapter in PEFT format, atomically (temp dir + rename)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    """Write the trained ("default") adapter in PEFT format, atomically (:func:`engine.io.atomic_dir`)."""
+    with io.atomic_dir(out) as tmp:
         model.save_pretrained(str(tmp), selected_adapters=["default"])
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -477,8 +467,6 @@ def main(cfg, run_dir: str | Path) -> dict:
     trl_version = check_trl_version()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    # The clock starts where engine/loop.py's does: before model resolution, task and warm start.
-    t_start = time.perf_counter()
 
     from datasets import Dataset
     from peft import PeftModel
@@ -497,6 +485,8 @@ def main(cfg, run_dir: str | Path) -> dict:
     task = load_task(cfg.task)
     log.info("task %s: %d train / %d val problems", task.name, len(task.train), len(task.val))
     sft_dir = warm_start(model_path, task.train, cfg.sft, cfg.lora, cfg.task.system_prompt)
+    # The clock starts where engine/loop.py's does: right after the shared SFT warm start.
+    t_start = time.perf_counter()
 
     cuda = torch.cuda.is_available()
     use_vllm = cuda if g.use_vllm is None else bool(g.use_vllm)

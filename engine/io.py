@@ -15,22 +15,30 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` via a temp file in the same directory + ``os.replace``."""
+@contextmanager
+def atomic_file(path: str | Path):
+    """Yield a temp path beside ``path``; on success it replaces ``path`` (``os.replace``), on error it
+    is deleted and ``path`` is left untouched."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` via a temp file in the same directory (fsync'ed) + ``os.replace``."""
+    with atomic_file(path) as tmp:
+        with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    return Path(path)
 
 
 def write_json(path, obj: Any) -> Path:
@@ -62,18 +70,9 @@ def read_pickle(path) -> Any:
 def write_parquet(path, rows: dict[str, list] | list[dict]) -> Path:
     """Atomic Parquet from a column dict or a list of row dicts."""
     table = pa.Table.from_pylist(rows) if isinstance(rows, list) else pa.Table.from_pydict(rows)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_file(path) as tmp:
         pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    return Path(path)
 
 
 def read_rows(path) -> list[dict]:

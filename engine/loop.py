@@ -148,6 +148,10 @@ def run_train(cfg, run_dir: str | Path) -> dict:
     log.info("task %s: %d train / %d val problems", task.name, len(task.train), len(task.val))
 
     sft_dir = warm_start(model_path, task.train, cfg.sft, cfg.lora, cfg.task.system_prompt)
+    # The run clock (wall_s, seconds) starts here, after the SFT warm start that ESSA, GRPO and
+    # F-GRPO share (engine/grpo.py starts its clock at the same point): it includes building the
+    # genome and the strategy, vLLM start-up, the baselines, every generation and validation.
+    t_start = time.perf_counter() - state.wall_s
     lora, _ = read_adapter(sft_dir)
     codec = make_genome(cfg.strategy.genome.kind, lora, **_genome_kwargs(cfg))
     strategy = strategy_cls(dim=codec.dim, x0=codec.x0(), seed=cfg.seed,
@@ -170,9 +174,6 @@ def run_train(cfg, run_dir: str | Path) -> dict:
     sampling_for = lambda g: Sampling(max_tokens=cfg.rollout.max_tokens, temperature=cfg.rollout.temperature,  # noqa: E731
                                       top_p=cfg.rollout.top_p, n=cfg.rollout.samples_per_prompt,
                                       seed=cfg.seed * 1_000_003 + g * 10_007)
-    # The run clock (wall_s) starts here: one-off set-up (model conversion, SFT warm start, engine
-    # start-up) is excluded, the same convention as the GRPO baseline (engine/grpo.py).
-    t_start = time.perf_counter() - state.wall_s
     metrics = io.read_rows(run_dir / "metrics.parquet")
     vrows = io.read_rows(run_dir / "validation.parquet")
     P = cfg.strategy.population_size
@@ -231,11 +232,16 @@ def run_train(cfg, run_dir: str | Path) -> dict:
                      g + 1, cfg.generations, row["fitness_mean"], row["fitness_max"], row["fitness_min"],
                      row["sigma"], row["tokens"], row["tokens_per_s"], row["t_generate"])
             state.generation = g
-            last = g == cfg.generations - 1
+            over = cfg.time_budget_s is not None and time.perf_counter() - t_start >= cfg.time_budget_s
+            last = g == cfg.generations - 1 or over
             if not last and cfg.eval.every and (g + 1) % cfg.eval.every == 0:
                 add_validation(g + 1, validation(evaluator, {"mean": mean_ref(g)}, task.val, cfg))
                 evaluator.release(g)
             save_checkpoint()
+            if over:
+                log.info("time budget %.0f s reached after generation %d (%.1f s)", cfg.time_budget_s, g,
+                         time.perf_counter() - t_start)
+                break
     except KeyboardInterrupt:
         save_checkpoint()
         print(f"\ninterrupted: checkpoint of generation {state.generation} in {run_dir / CHECKPOINT}; "
@@ -244,7 +250,7 @@ def run_train(cfg, run_dir: str | Path) -> dict:
         raise
 
     # Final validation of the mean and the best genome, exports in PEFT format.
-    final_step = cfg.generations
+    final_step = state.generation + 1  # = generations, or fewer when the time budget stopped the run
     conds: dict[str, AdapterRef | None] = {}
     exports = {"mean": strategy.mean}
     if state.best_genome is not None:
@@ -253,14 +259,14 @@ def run_train(cfg, run_dir: str | Path) -> dict:
         path = write_adapter(run_dir / "adapters" / name, codec.decode(genome), cfg.lora.rank, cfg.lora.alpha,
                              model_path, tuple(cfg.lora.target_modules))
         conds[name] = AdapterRef(f"final-{name}", lora_int_id(final_step, P + len(conds)), str(path))
-    if cfg.generations > 0:
+    if final_step > 0:
         add_validation(final_step, validation(evaluator, conds, task.val, cfg))
     evaluator.close()
 
     table = _final_table(vrows)
     print(_format_table(table, len(task.val), task.name))
     io.write_json(run_dir / "summary.json", {"val": table, "n_problems": len(task.val), "task": task.name,
-                                             "generations": cfg.generations, "wall_s": time.perf_counter() - t_start})
+                                             "generations": final_step, "wall_s": time.perf_counter() - t_start})
     if cfg.report:
         try:
             from .report import make_report

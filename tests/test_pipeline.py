@@ -115,12 +115,31 @@ def test_interrupt_and_resume_matches_uninterrupted(full_run: Path, tmp_path: Pa
         np.testing.assert_array_equal(a[k].numpy(), b[k].numpy(), err_msg=k)
 
 
+def test_time_budget_stops_after_first_generation(tmp_path: Path):
+    """time_budget_s (equal-clock comparisons with GRPO): the run stops after the first generation that
+    ends past the budget, then validates and exports as usual."""
+    import json
+
+    run = tmp_path / "budget"
+    proc = essa(run, "generations=50", "time_budget_s=0.001", "eval.baselines=false", "report=false")
+    out = finish(proc)
+    assert proc.returncode == 0, out[-3000:]
+    assert "time budget" in out
+    assert [m["generation"] for m in pq.read_table(run / "metrics.parquet").to_pylist()] == [0]
+    conds = {(v["step"], v["condition"]) for v in pq.read_table(run / "validation.parquet").to_pylist()}
+    assert conds == {(1, "mean"), (1, "best")}
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["generations"] == 1 and summary["wall_s"] > 0
+    assert (run / "adapters" / "mean" / "adapter_model.safetensors").exists()
+
+
 def test_bad_input_is_one_line_error(tmp_path: Path):
     env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
     cases = {
         "strategy.population_size=1": "strategy.population_size",
         "strategy.name=nope": "strategy",
         "lora.rank=1000": "lora.rank",
+        "time_budget_s=0": "time_budget_s",
         "model.path=/nonexistent/model": "model.path",
         f"resume={tmp_path}": "resume",
         "task=gsm8k task.path=/nonexistent": "task.path",

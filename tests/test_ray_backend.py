@@ -252,6 +252,7 @@ def test_ray_equals_local_and_survives_sigkill(tiny, caplog):
     from engine.loop import build_evaluator
 
     t, genomes, s = tiny, tiny["genomes"], tiny["sampling"]
+    caplog.set_level(logging.INFO, logger="essa.ray")  # the actors' story shows up if this fails
     sft_ref = AdapterRef("sft", lora_int_id(-1, 0), str(t["sft_dir"]))
     # 1. the local engine (shut down before the actors start: one engine at a time on 2 cores)
     local_cfg = OmegaConf.merge(t["cfg"], {"engine": {"backend": "local"}})
@@ -302,7 +303,8 @@ def test_ray_equals_local_and_survives_sigkill(tiny, caplog):
         assert new_pids[0] == pids[0] and new_pids[1] != pids[1]
         got = ray_ev.evaluate(genomes, t["batch2"], 2, s)
         _same(got, want2)
-        assert got.timings["actor1_tokens_per_s"] > 0
+        assert got.timings["shard_retries"] == 0, caplog.text
+        assert got.timings["actor0_tokens_per_s"] > 0 and got.timings["actor1_tokens_per_s"] > 0, caplog.text
     finally:
         ray_ev.close()
     from engine.population import default_adapter_root

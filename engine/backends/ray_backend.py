@@ -398,7 +398,10 @@ class RayPopulationEvaluator:
         pending = collections.deque(range(n_shards))
         inflight: dict = {}  # ObjectRef -> ("shard" | "ping", actor, shard)
         free = [k for k in sorted(self._alive) if k not in self._recovering]
-        for k, ref in self._recovering.items():
+        for k in list(self._recovering):
+            # a fresh ping: the one sent when the actor died may sit in Ray's retry back-off long
+            # after the restarted actor is serving, leaving it idle for this whole call
+            self._recovering[k] = ref = self.actors[k].info.options(max_task_retries=-1).remote()
             inflight[ref] = ("ping", k, None)
         while not all(finished):
             while pending and free:

@@ -1,0 +1,48 @@
+"""Atomic outputs: a write that fails half-way leaves what was already there, and no temp files."""
+from __future__ import annotations
+
+import pytest
+
+from engine import io
+
+
+def _siblings(path):
+    return sorted(p.name for p in path.parent.iterdir())
+
+
+def test_write_json_and_parquet_round_trip(tmp_path):
+    io.write_json(tmp_path / "a.json", {"x": 1})
+    assert (tmp_path / "a.json").read_text().strip().startswith("{")
+    io.write_parquet(tmp_path / "m.parquet", [{"generation": 0, "wall_s": 1.5}, {"generation": 1, "wall_s": 3.0}])
+    assert io.read_rows(tmp_path / "m.parquet") == [{"generation": 0, "wall_s": 1.5}, {"generation": 1, "wall_s": 3.0}]
+    assert io.read_rows(tmp_path / "missing.parquet") == []
+    assert _siblings(tmp_path / "a.json") == ["a.json", "m.parquet"]
+
+
+def test_failed_write_keeps_the_old_file(tmp_path):
+    target = tmp_path / "metrics.parquet"
+    io.write_parquet(target, [{"generation": 0}])
+    with pytest.raises(Exception):
+        io.write_parquet(target, [{"generation": object()}])  # pyarrow cannot convert it
+    assert io.read_rows(target) == [{"generation": 0}]
+    assert _siblings(target) == ["metrics.parquet"]  # the temp file is gone
+
+
+def test_failed_directory_build_keeps_the_old_directory(tmp_path):
+    final = tmp_path / "adapter"
+    with io.atomic_dir(final) as tmp:
+        (tmp / "weights").write_text("v1")
+    with pytest.raises(RuntimeError):
+        with io.atomic_dir(final) as tmp:
+            (tmp / "weights").write_text("half")
+            raise RuntimeError("killed mid-write")
+    assert (final / "weights").read_text() == "v1"
+    assert _siblings(final) == ["adapter"]
+
+
+def test_checkpoint_errors_name_the_fix(tmp_path):
+    with pytest.raises(ValueError, match="resume=<run dir>"):
+        io.read_pickle(tmp_path / "checkpoint.pkl")
+    (tmp_path / "bad.pkl").write_bytes(b"not a pickle")
+    with pytest.raises(ValueError, match="unreadable"):
+        io.read_pickle(tmp_path / "bad.pkl")
