@@ -54,12 +54,60 @@ def _run(command: str, cfg) -> None:
         _fail(e)
 
 
+def hydra_error_line(e: BaseException) -> str:
+    """One line for a Hydra composition error: the override, what is wrong, and the fix."""
+    from hydra.errors import MissingConfigException
+
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    first = lines[0] if lines else type(e).__name__
+    if isinstance(e, MissingConfigException) or first.startswith("In '") and "Could not find" in first:
+        options = []
+        if "Available options" in str(e):
+            tail = str(e).split("Available options", 1)[1].split("Config search path", 1)[0]
+            options = [ln.strip() for ln in tail.splitlines()[1:] if ln.strip()]
+        what = first.split("Could not find", 1)[-1].strip(" '")
+        return (f"no config '{what}'" + (f"; available: {', '.join(options)}" if options else "")
+                + f" (conf/{what.rsplit('/', 1)[0]}/)")
+    if first.startswith("Could not override"):
+        key = first.split("'")[1] if "'" in first else first
+        return f"{key}: no such field; check the spelling (`essa <command> --cfg job` prints every field)"
+    if first.startswith("Error merging override") and e.__cause__ is not None:
+        cause = str(e.__cause__).strip().splitlines()[0]
+        return f"{first.split('override', 1)[1].strip()}: {cause}"
+    if first.startswith("Ambiguous value"):
+        return f"{first}: write a list as key=[a,b], quote a string as key='a,b', or add -m to sweep"
+    return " ".join(ln for ln in lines if not ln.startswith(("See https://", "Set the environment")))
+
+
+def _precheck(command: str, argv: list[str]) -> None:
+    """Compose the config once before Hydra runs, so a bad override exits 2 with one line (Hydra itself
+    prints several lines and exits 1). Skipped for multirun and Hydra flags (``-m``, ``--cfg`` ...)."""
+    if any(a.startswith("-") for a in argv):
+        return
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from .config import ConfigError, unknown_keys
+
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name=HYDRA_COMMANDS[command], overrides=argv)
+    except (HydraException, OmegaConfBaseException) as e:
+        _fail(ValueError(hydra_error_line(e)))
+    extra = unknown_keys(cfg, command)
+    if extra:
+        _fail(ConfigError(f"{extra[0]}: no such field (added with '+'?); check the spelling "
+                          f"(`essa {command} --cfg job` prints every field)"))
+
+
 def _hydra(command: str, argv: list[str]) -> None:
     import hydra
 
     from .config import register_configs
 
     register_configs()
+    _precheck(command, argv)
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=HYDRA_COMMANDS[command])
     def entry(cfg):

@@ -7,6 +7,8 @@ field and the fix.
 """
 from __future__ import annotations
 
+import dataclasses
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -232,6 +234,10 @@ def validate(cfg) -> None:
         raise ConfigError(f"lora.rank={cfg.lora.rank}: vLLM serves ranks 1..{VLLM_LORA_RANKS[-1]}; use e.g. lora.rank=8")
     if not 0 < s.genome.alpha <= 1:
         raise ConfigError(f"strategy.genome.alpha={s.genome.alpha}: must be in (0, 1]")
+    if s.genome.kind not in ("svd_lora", "lora"):
+        raise ConfigError(f"strategy.genome.kind={s.genome.kind!r}: use svd_lora (ESSA) or lora (every LoRA entry)")
+    if s.genome.mode not in ("additive", "relative"):
+        raise ConfigError(f"strategy.genome.mode={s.genome.mode!r}: use additive (the paper) or relative")
     if cfg.generations < 0:
         raise ConfigError(f"generations={cfg.generations}: must be >= 0")
     if cfg.time_budget_s is not None and not cfg.time_budget_s > 0:
@@ -239,6 +245,11 @@ def validate(cfg) -> None:
     r = cfg.rollout
     if r.prompts_per_generation < 1 or r.samples_per_prompt < 1 or r.max_tokens < 1:
         raise ConfigError("rollout.prompts_per_generation, rollout.samples_per_prompt and rollout.max_tokens must be >= 1")
+    check_sampling("rollout", r.temperature, r.top_p)
+    if cfg.eval.every < 0 or cfg.eval.max_tokens < 1:
+        raise ConfigError(f"eval.every={cfg.eval.every} / eval.max_tokens={cfg.eval.max_tokens}: every must be >= 0 "
+                          "(0 = only at the start and end), max_tokens >= 1")
+    check_sft(cfg.sft)
     if cfg.engine.max_loras is not None and cfg.engine.max_loras < s.population_size:
         raise ConfigError(f"engine.max_loras={cfg.engine.max_loras} < strategy.population_size={s.population_size}: "
                           f"set engine.max_loras=null (covers the population) or >= {s.population_size}")
@@ -248,10 +259,59 @@ def validate(cfg) -> None:
         raise ConfigError(f"engine.num_actors={cfg.engine.num_actors}: must be >= 1")
 
 
+def check_sampling(prefix: str, temperature: float, top_p: float) -> None:
+    """Raises ConfigError unless temperature >= 0 (0 = greedy) and 0 < top_p <= 1."""
+    if temperature < 0:
+        raise ConfigError(f"{prefix}.temperature={temperature}: must be >= 0 (0 = greedy)")
+    if not 0 < top_p <= 1:
+        raise ConfigError(f"{prefix}.top_p={top_p}: must be in (0, 1] (1 = off)")
+
+
+def check_sft(sft) -> None:
+    """Raises ConfigError on a warm start that cannot train (checked before anything is loaded)."""
+    if sft.enabled and (sft.max_steps < 1 or sft.batch_size < 1 or not sft.lr > 0 or sft.max_length < 8):
+        raise ConfigError(f"sft: max_steps={sft.max_steps}, batch_size={sft.batch_size} must be >= 1, lr={sft.lr} > 0, "
+                          f"max_length={sft.max_length} >= 8; or sft.enabled=false for no warm start")
+
+
+def unknown_keys(cfg, command: str) -> list[str]:
+    """Dotted keys of a composed config that its schema does not have (``+key=...`` overrides get
+    past Hydra's struct check). Free-form dict fields (``strategy.options``, ``engine.extra``) are
+    not checked. Returns [] for commands without a schema."""
+    from omegaconf import DictConfig
+
+    schemas = {"train": TrainConfig}
+    if command == "grpo":
+        from .grpo import GRPORunConfig
+        schemas["grpo"] = GRPORunConfig
+    elif command == "eval":
+        from .evaluate import EvalCommandConfig
+        schemas["eval"] = EvalCommandConfig
+    if command not in schemas:
+        return []
+
+    def walk(node, schema: type, prefix: str) -> list[str]:
+        hints = typing.get_type_hints(schema)
+        out = []
+        for key in node.keys():
+            if key == "hydra":
+                continue
+            if key not in hints:
+                out.append(f"{prefix}{key}")
+            elif dataclasses.is_dataclass(hints[key]) and isinstance(node._get_node(key), DictConfig):
+                out += walk(node._get_node(key), hints[key], f"{prefix}{key}.")
+        return out
+
+    return walk(cfg, schemas[command], "")
+
+
 def register_configs() -> None:
     """Register the schemas with Hydra's ConfigStore (called by the CLI before composing)."""
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
-    from .evaluate import register_eval_config  # imported here: engine.evaluate imports this module
+    from .evaluate import register_eval_config  # imported here: these modules import this one
+    from .grpo import register as register_grpo_config
+
     register_eval_config()
+    register_grpo_config()
 

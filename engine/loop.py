@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from . import io
 from .adapters import read_adapter, write_adapter
 from .backends import AdapterRef, Sampling, lora_int_id
-from .config import validate
+from .config import ConfigError, validate
 from .model import resolve_model_path
 from .population import AdapterMeta, PopulationEvaluator
 from .sft import warm_start
@@ -64,6 +64,22 @@ class RunState:
     best_fitness: float = -np.inf
     best_genome: np.ndarray | None = None
     best_generation: int = -1
+
+
+def check_strategy_options(strategy_cls, cfg) -> None:
+    """Build the strategy once on a 2-dimensional problem so bad ``strategy.options`` fail before
+    the SFT warm start (the real strategy needs the genome's dimension, known only after it).
+
+    Raises:
+        ConfigError: the class rejects the options (one line naming ``strategy.options``).
+    """
+    options = OmegaConf.to_container(cfg.strategy.options, resolve=True)
+    try:
+        strategy_cls(dim=2, x0=None, seed=cfg.seed, population_size=cfg.strategy.population_size,
+                     sigma0=cfg.strategy.sigma0, **options)
+    except (TypeError, ValueError) as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"strategy.options={options}: {strategy_cls.__name__} rejects them ({msg})") from None
 
 
 def build_evaluator(cfg, model_path: str, codec, meta: AdapterMeta, tokenizer):
@@ -133,14 +149,17 @@ def run_train(cfg, run_dir: str | Path) -> dict:
         if not isinstance(ckpt, dict) or ckpt.get("version") != CHECKPOINT_VERSION:
             raise ValueError(f"resume: {run_dir / CHECKPOINT} is not an essa checkpoint (version "
                              f"{ckpt.get('version') if isinstance(ckpt, dict) else '?'}); start afresh without resume")
-        if ckpt["config_key"] != config_key(cfg):
+        if ckpt.get("config_key") != config_key(cfg):
             raise ValueError(f"resume: the config differs from the checkpointed run in one of {RESUME_KEYS}; "
                              f"resume with the same overrides as {run_dir}/.hydra/overrides.yaml")
-        state = ckpt["run_state"]
-        _truncate_logs(run_dir, state.generation)
+        state = ckpt.get("run_state")
+        if not isinstance(state, RunState) or not isinstance(ckpt.get("strategy"), dict):
+            raise ValueError(f"resume: {run_dir / CHECKPOINT} is incomplete (no run state or strategy state); "
+                             "start afresh without resume")
     run_dir.mkdir(parents=True, exist_ok=True)
 
     strategy_cls = get_strategy(cfg.strategy._target_ or cfg.strategy.name)  # fail fast, before SFT
+    check_strategy_options(strategy_cls, cfg)
     model_path = resolve_model_path(cfg.model.path)
     task: Task = load_task(cfg.task)
     if task.skipped:
@@ -158,7 +177,12 @@ def run_train(cfg, run_dir: str | Path) -> dict:
                             population_size=cfg.strategy.population_size, sigma0=cfg.strategy.sigma0,
                             **OmegaConf.to_container(cfg.strategy.options, resolve=True))
     if ckpt is not None:
-        strategy.load_state_dict(ckpt["strategy"])
+        try:
+            strategy.load_state_dict(ckpt["strategy"])
+        except Exception as e:  # noqa: BLE001 - a damaged or foreign checkpoint
+            raise ValueError(f"resume: the strategy state in {run_dir / CHECKPOINT} does not load "
+                             f"({type(e).__name__}: {e}); start afresh without resume") from None
+        _truncate_logs(run_dir, state.generation)  # only once the whole checkpoint has loaded
     log.info("genome %s: D = %d; strategy %s, P = %d", cfg.strategy.genome.kind, codec.dim,
              strategy_cls.__name__, cfg.strategy.population_size)
 

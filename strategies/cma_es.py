@@ -87,14 +87,14 @@ class CMAES(Strategy):
         if diagonal == "auto":
             diagonal = self.dim > AUTO_DIAGONAL_DIM
         if not isinstance(diagonal, (bool, np.bool_)):
-            raise ValueError(f"strategy.diagonal must be true, false or 'auto' (got {diagonal!r})")
+            raise ValueError(f"strategy.options.diagonal must be true, false or 'auto' (got {diagonal!r})")
         self.diagonal = bool(diagonal)
         cma_options = dict(cma_options or {})
         reserved = sorted(set(cma_options) & set(self._RESERVED))
         if reserved:
             raise ValueError(
-                f"strategy.cma_options may not set {', '.join(reserved)}; use strategy.population_size, "
-                "strategy.seed and strategy.diagonal instead"
+                f"strategy.options.cma_options may not set {', '.join(reserved)}; use strategy.population_size, "
+                "seed and strategy.options.diagonal instead"
             )
         opts = {"verbose": -9, "verb_disp": 0, "verb_log": 0, **cma_options}
         opts.update(

@@ -81,3 +81,64 @@ def test_minibatch_is_fresh_per_generation_and_reproducible():
     assert [p.id for p in b0] == [p.id for p in b0_again]
     assert [p.id for p in b0] != [p.id for p in b1]
     assert len({p.id for p in b0}) == 16
+
+
+# --- checks that must fire before anything is loaded (found by a break-it pass) -----------------
+@pytest.mark.parametrize("override, field", [
+    ("rollout.temperature=-1", "rollout.temperature"),
+    ("rollout.top_p=2", "rollout.top_p"),
+    ("eval.every=-1", "eval.every"),
+    ("eval.max_tokens=0", "eval.max_tokens"),
+    ("sft.max_steps=0", "sft"),
+    ("sft.batch_size=0", "sft"),
+    ("sft.lr=0", "sft"),
+    ("strategy.genome.kind=nope", "strategy.genome.kind"),
+    ("strategy.genome.mode=nope", "strategy.genome.mode"),
+])
+def test_validate_rejects_before_loading(override, field):
+    cfg = _compose_for_checks(override)
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        validate(cfg)
+
+
+def _compose_for_checks(*overrides):
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="train", overrides=list(overrides))
+
+
+def test_unknown_keys_catches_plus_overrides_only():
+    from engine.config import unknown_keys
+
+    assert unknown_keys(_compose_for_checks(), "train") == []
+    assert sorted(unknown_keys(_compose_for_checks("+strategy.popsize=4", "+foo=1"), "train")) == ["foo", "strategy.popsize"]
+    assert unknown_keys(_compose_for_checks("strategy.options.diagonal=true"), "train") == []  # free-form dict
+
+
+def test_strategy_options_checked_before_sft():
+    from engine.config import ConfigError
+    from engine.loop import check_strategy_options
+    from strategies import get_strategy
+
+    cls = get_strategy("essa")
+    check_strategy_options(cls, _compose_for_checks("strategy.options.diagonal=true"))
+    for bad in ("++strategy.options.bogus=1", "strategy.options.diagonal=abc"):
+        with pytest.raises(ConfigError, match="strategy.options"):
+            check_strategy_options(cls, _compose_for_checks(bad))
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["strategy.population_size=abc"], "strategy.population_size=abc"),
+    (["strategy.popsize=4"], "strategy.popsize: no such field"),
+    (["+strategy.popsize=4"], "strategy.popsize: no such field"),
+    (["task=nope"], "available: arithmetic"),
+    (["strategy.sigma0=0.1,0.2"], "add -m to sweep"),
+])
+def test_cli_composition_errors_are_one_line(argv, expect, capsys):
+    from engine.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["train", *argv])
+    assert exc.value.code == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and err[0].startswith("essa: error:") and expect in err[0], err

@@ -13,8 +13,6 @@ from engine.config import ConfigError
 REPO = Path(__file__).resolve().parent.parent
 ESSA = Path(sys.executable).parent / "essa"
 VALIDATION_COLUMNS = ["step", "wall_s", "condition", "accuracy", "n_problems", "method"]
-# Drop once engine.config.register_configs() calls engine.grpo.register().
-SHIM = "from engine.grpo import register; register(); from engine.cli import main; main()"
 
 
 def compose(*overrides: str):
@@ -22,21 +20,10 @@ def compose(*overrides: str):
     from hydra import initialize_config_dir
 
     from engine.config import register_configs
-    from engine.grpo import register
 
     register_configs()
-    register()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         return hydra_compose(config_name="grpo", overrides=list(overrides))
-
-
-def essa_command() -> list[str]:
-    """The `essa` console script when it already knows `grpo_schema`, else the same CLI behind a shim."""
-    probe = ("from engine.config import register_configs; register_configs(); "
-             "from hydra.core.config_store import ConfigStore; "
-             "print('grpo_schema.yaml' in ConfigStore.instance().repo)")
-    known = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    return [str(ESSA)] if known == "True" and ESSA.exists() else [sys.executable, "-c", SHIM]
 
 
 def test_config_composes_with_the_essa_defaults():
@@ -101,7 +88,7 @@ def test_tiny_real_run(tmp_path):
     from transformers import AutoModelForCausalLM
 
     run_dir = tmp_path / "run"
-    cmd = essa_command() + [
+    cmd = [str(ESSA),
         "grpo", "sft.max_steps=2", "sft.batch_size=4", "sft.max_length=192", "task.val_size=4",
         "task.train_size=64", "grpo.focal_gamma=1.0", "grpo.prompts_per_step=2", "grpo.num_generations=4",
         "grpo.max_steps=2", "grpo.max_completion_length=32", "grpo.eval_max_tokens=32", "grpo.eval_every=1",

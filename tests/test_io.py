@@ -46,3 +46,18 @@ def test_checkpoint_errors_name_the_fix(tmp_path):
     (tmp_path / "bad.pkl").write_bytes(b"not a pickle")
     with pytest.raises(ValueError, match="unreadable"):
         io.read_pickle(tmp_path / "bad.pkl")
+
+
+def test_outputs_get_the_usual_permissions(tmp_path):
+    import os
+    import stat
+
+    mask = os.umask(0o022)
+    try:
+        io.write_json(tmp_path / "a.json", {})
+        with io.atomic_dir(tmp_path / "d") as d:
+            (d / "x").write_text("1")
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "d").stat().st_mode) == 0o755

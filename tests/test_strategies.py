@@ -122,7 +122,7 @@ def test_seeds_differ_and_repeat():
         (dict(x0=np.zeros(D + 1)), r"x0 has shape \(11,\), expected \(10,\)"),  # wrong length
         (dict(dim=0), "dim must be an integer >= 1"),  # empty genome
         (dict(mirrored=True), "unknown option"),  # option no strategy knows
-        (dict(diagonal="yes"), "strategy.diagonal"),  # not a bool
+        (dict(diagonal="yes"), "strategy.options.diagonal"),  # not a bool
         (dict(cma_options={"popsize": 5}), "may not set popsize"),  # reserved pycma option
     ],
 )
