@@ -62,7 +62,8 @@ def load_questions(path: str, n: int) -> list[tuple[str, str]]:
     Relative paths resolve like task paths (cwd, the repository, ``$ESSA_DATA``).
 
     Raises:
-        FileNotFoundError: no such file. ValueError: fewer than ``n`` usable rows.
+        FileNotFoundError: no such file. ValueError: fewer than ``n`` usable rows, or a file that is
+            not UTF-8 / not readable (the message names ``bench.data``).
     """
     from .tasks import READERS, _resolve_path, read_rows
 
@@ -70,7 +71,7 @@ def load_questions(path: str, n: int) -> list[tuple[str, str]]:
     if not p.exists():
         raise FileNotFoundError(f"bench.data={path!r} not found (looked in cwd, the repo and $ESSA_DATA)")
     out = []
-    for row in read_rows(p):
+    for row in read_rows(p, field="bench.data"):
         parsed = READERS["gsm8k"](row)
         if parsed:
             out.append((parsed[0], parsed[1]))
@@ -355,6 +356,35 @@ def format_table(result: dict) -> str:
 # Entry point
 # ---------------------------------------------------------------------------------------------
 
+def _positive_int(value: Any) -> int | None:
+    """``value`` as an int when it is a positive integer (not a bool, float or string), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
+def check_settings(cfg) -> tuple[list[int], int, int, int]:
+    """The checked sizes of ``cfg``: (sorted populations with phases_population, B, T, phases_population).
+
+    Raises:
+        ValueError: ``populations`` is not a non-empty list of positive integers, or
+            ``prompts_per_candidate``, ``max_tokens`` or ``phases_population`` is not a positive integer.
+    """
+    from omegaconf import OmegaConf
+
+    raw = cfg.populations
+    if OmegaConf.is_config(raw):
+        raw = OmegaConf.to_container(raw, resolve=True)
+    if not isinstance(raw, (list, tuple)) or not raw or any(_positive_int(p) is None for p in raw):
+        raise ValueError(f"bench.populations={raw!r}: must be a non-empty list of positive integers "
+                         f"(population sizes), e.g. populations=[4,16,48]")
+    sizes = {}
+    for name in ("prompts_per_candidate", "max_tokens", "phases_population"):
+        sizes[name] = _positive_int(cfg[name])
+        if sizes[name] is None:
+            raise ValueError(f"bench.{name}={cfg[name]!r}: must be a positive integer, e.g. {name}=16")
+    populations = sorted({*raw, sizes["phases_population"]})
+    return populations, sizes["prompts_per_candidate"], sizes["max_tokens"], sizes["phases_population"]
+
+
 def main(cfg) -> dict:
     """Run the benchmark described by ``cfg`` (conf/bench.yaml); print the table, write JSON.
 
@@ -362,7 +392,7 @@ def main(cfg) -> dict:
         The result dict that is written to ``cfg.output``.
 
     Raises:
-        ValueError: bad settings (empty ``populations``, non-positive sizes).
+        ValueError: bad settings (see :func:`check_settings`), unreadable ``data``.
     """
     from omegaconf import OmegaConf
 
@@ -371,15 +401,7 @@ def main(cfg) -> dict:
     from .model import resolve_model_path
     from .prompts import build_prompt
 
-    populations = sorted({int(p) for p in cfg.populations})
-    if not populations or populations[0] < 1:
-        raise ValueError(f"bench.populations={list(cfg.populations)} must be positive population sizes")
-    B, T = int(cfg.prompts_per_candidate), int(cfg.max_tokens)
-    if B < 1 or T < 1:
-        raise ValueError("bench.prompts_per_candidate and bench.max_tokens must be >= 1")
-    phases_p = int(cfg.phases_population)
-    if phases_p not in populations:
-        populations = sorted({*populations, phases_p})
+    populations, B, T, phases_p = check_settings(cfg)
     out_path = Path(cfg.output) if cfg.get("output") else Path(_run_dir()) / "bench.json"
 
     model = resolve_model_path(cfg.model.path)

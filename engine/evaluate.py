@@ -153,8 +153,23 @@ def resolve_conditions(spec, include_base: bool = True) -> dict[str, Path | None
 
 
 def adapter_rank(path: Path) -> int:
-    """LoRA rank ``r`` recorded in an adapter's adapter_config.json."""
-    return int(json.loads((Path(path) / "adapter_config.json").read_text())["r"])
+    """LoRA rank ``r`` recorded in an adapter's adapter_config.json.
+
+    Raises:
+        ValueError: the file is not valid JSON or has no positive integer ``r`` (the message names
+            the file and ``adapters``).
+    """
+    f = Path(path) / "adapter_config.json"
+    try:
+        conf = json.loads(f.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        why = f"{e.msg} at line {e.lineno}" if isinstance(e, json.JSONDecodeError) else "not UTF-8 text"
+        raise ValueError(f"adapters: {f} is not valid JSON ({why}); re-export the adapter or fix the file") from None
+    r = conf.get("r") if isinstance(conf, dict) else None
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+        raise ValueError(f"adapters: {f} has no positive integer LoRA rank \"r\" (got {r!r}); re-export the adapter "
+                         f"or add its rank, e.g. \"r\": 8")
+    return r
 
 
 # --- validation and data -----------------------------------------------------------------------

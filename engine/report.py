@@ -83,23 +83,49 @@ def _eval_dirs(path: Path) -> list[Path]:
     return [d for d in cands if (d / "eval_summary.json").is_file()]
 
 
+def _read_json(path: Path) -> dict:
+    """A run file's JSON object. Raises ValueError naming the file when it is not one."""
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        why = f"{e.msg} at line {e.lineno}" if isinstance(e, json.JSONDecodeError) else "not UTF-8 text"
+        raise ValueError(f"{path} is not valid JSON ({why}); fix or remove the file, or leave this run out") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path} holds a JSON {type(obj).__name__}, not an object; fix or remove the file")
+    return obj
+
+
+def _read_parquet(path: Path) -> list[dict]:
+    """A run file's Parquet rows ([] when absent). Raises ValueError naming the file when pyarrow cannot read it."""
+    import pyarrow as pa
+
+    try:
+        return io.read_rows(path)
+    except (pa.ArrowException, OSError) as e:
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(f"{path} is not a readable Parquet file ({why}); fix or remove the file, or leave this "
+                         f"run out") from None
+
+
 def load_run(path: str | Path) -> RunData:
     """Read one run directory.
 
     Raises:
         ValueError: the path is not a directory holding any of run.json, metrics.parquet,
-            validation.parquet or eval_summary.json (also under eval/ or eval_*/).
+            validation.parquet or eval_summary.json (also under eval/ or eval_*/), or one of
+            those files is corrupt (the message names it).
     """
     path = Path(path)
     evals = _eval_dirs(path) if path.is_dir() else []
     if not path.is_dir() or (not any((path / f).is_file() for f in RUN_FILES) and not evals):
         raise ValueError(f"{path} is not a run directory (no {', '.join(RUN_FILES)}); pass a directory "
                          f"written by essa train, essa grpo or essa eval")
-    meta = json.loads((path / "run.json").read_text()) if (path / "run.json").is_file() else {}
-    summaries = [(d, json.loads((d / "eval_summary.json").read_text())) for d in evals]
+    meta = _read_json(path / "run.json") if (path / "run.json").is_file() else {}
+    summaries = [(d, _read_json(d / "eval_summary.json")) for d in evals]
     label = meta.get("label") or (summaries[0][1].get("label") if summaries and not meta else None) or path.name
-    metrics = sorted(io.read_rows(path / "metrics.parquet"), key=lambda r: r.get("generation", 0))
-    validation = sorted(io.read_rows(path / "validation.parquet"), key=lambda r: (r.get("step", 0), r.get("wall_s", 0)))
+    metrics = sorted(_read_parquet(path / "metrics.parquet"), key=lambda r: r.get("generation", 0))
+    validation = sorted(_read_parquet(path / "validation.parquet"),
+                        key=lambda r: (r.get("step", 0), r.get("wall_s", 0)))
     return RunData(path, str(label), str(meta.get("method", "")), meta, metrics, validation, summaries)
 
 
@@ -377,11 +403,18 @@ def make_report(run_dirs: list[Path], out_dir: Path) -> list[Path]:
         Paths written: the PNG figures, then report.md.
 
     Raises:
-        ValueError: a path is not a run directory (one-line message).
+        ValueError: a path is not a run directory or holds a corrupt run file, or ``out_dir`` cannot
+            be created (one-line messages).
     """
     runs = [load_run(p) for p in run_dirs]
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--out {out_dir}: cannot create the report directory ({e.strerror or e}); "
+                         f"pass a writable directory with --out") from None
+    if not os.access(out_dir, os.W_OK):
+        raise ValueError(f"--out {out_dir}: the report directory is not writable; pass a writable directory with --out")
     labels, colors = _unique_labels(runs), _colors(len(runs))
     written: dict[str, Path] = {}
     skipped: dict[str, str] = {}

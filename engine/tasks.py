@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from .config import ConfigError
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -75,21 +77,40 @@ def _resolve_path(path: str) -> Path:
     return default_data_root() / p
 
 
-def read_rows(path: Path) -> list[dict[str, Any]]:
+def read_rows(path: Path, field: str = "task.path") -> list[dict[str, Any]]:
     """Rows of a JSONL, JSON-array or Parquet file.
 
+    Args:
+        path: the file.
+        field: the config field that named it (error messages name it).
+
     Raises:
-        FileNotFoundError: missing file. ValueError: unsupported suffix.
+        FileNotFoundError: missing file. ValueError: unsupported suffix, a text file that is not
+            UTF-8, a JSON array that does not parse, or a Parquet file pyarrow cannot read.
     """
     if not path.exists():
-        raise FileNotFoundError(f"task.path: {path} does not exist; point task.path at a JSONL/Parquet file or folder")
+        raise FileNotFoundError(f"{field}: {path} does not exist; point {field} at a JSONL/Parquet file or folder")
     if path.suffix == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
-        return pq.read_table(path).to_pylist()
+        try:
+            return pq.read_table(path).to_pylist()
+        except (pa.ArrowException, OSError) as e:
+            why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ValueError(f"{field}: {path} is not a readable Parquet file ({why}); "
+                             f"fix the file or point {field} at a valid .parquet/.jsonl file") from None
     if path.suffix in (".jsonl", ".json"):
-        text = path.read_text()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{field}: {path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); "
+                             f"the file must be UTF-8 JSONL; re-encode it as UTF-8") from None
         if path.suffix == ".json" and text.lstrip().startswith("["):
-            return json.loads(text)
+            try:
+                return json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{field}: {path} is not a valid JSON array ({e.msg} at line {e.lineno}); "
+                                 f"fix the file or use JSONL (one object per line)") from None
         rows = []
         for line in text.splitlines():
             line = line.strip()
@@ -100,7 +121,7 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 rows.append({})  # counted as skipped by the reader
         return rows
-    raise ValueError(f"task.path: {path} has unsupported suffix {path.suffix!r}; use .jsonl, .json or .parquet")
+    raise ValueError(f"{field}: {path} has unsupported suffix {path.suffix!r}; use .jsonl, .json or .parquet")
 
 
 def _split_file(root: Path, split: str) -> Path:
@@ -218,18 +239,29 @@ def _arithmetic(cfg) -> Task:
     return Task("arithmetic", make("train", cfg.train_size or 2000), make("val", cfg.val_size))
 
 
+def _check_sizes(cfg) -> None:
+    if cfg.val_size < 1:
+        raise ConfigError(f"task.val_size={cfg.val_size}: must be >= 1 (held-out problems for validation); "
+                          f"e.g. task.val_size=100")
+    if cfg.train_size < 0:
+        raise ConfigError(f"task.train_size={cfg.train_size}: must be >= 0 (0 = all rows); e.g. task.train_size=0")
+
+
 def load_task(cfg) -> Task:
     """Load a task from its config (``conf/task/*.yaml``, schema ``engine.config.TaskConfig``).
 
     Local files: ``task.path`` (a folder with ``<split>.jsonl``/``.parquet`` or one file);
     relative paths are looked up from the working directory, the repository and ``$ESSA_DATA``.
     Hub: ``task.hub_id`` loads through ``datasets`` when a hub is reachable.
-    When the source has one split only (``train_split == val_split``), the rows are shuffled with
-    ``task.seed`` and the first ``val_size`` become the held-out split.
+    When the source has one split only (``train_split == val_split``, or ``task.path`` is one file),
+    the rows are shuffled with ``task.seed`` and the first ``val_size`` become the held-out split;
+    train rows whose question is also a held-out question are dropped (counted in ``skipped``).
 
     Raises:
-        FileNotFoundError / ValueError: unreadable source, unknown reader, or no usable rows.
+        ConfigError: ``task.val_size`` < 1 or ``task.train_size`` < 0.
+        FileNotFoundError / ValueError: missing or unreadable source, unknown reader, or no usable rows.
     """
+    _check_sizes(cfg)
     if cfg.name == "arithmetic" or cfg.reader == "arithmetic":
         return _arithmetic(cfg)
     if cfg.reader in READERS:
@@ -239,11 +271,21 @@ def load_task(cfg) -> Task:
     else:
         raise ValueError(f"task.reader={cfg.reader!r} is unknown; use one of {sorted(READERS) + ['jsonl', 'arithmetic']}")
 
+    root = None
+    if not cfg.hub_id:
+        if not str(cfg.path or "").strip():
+            raise ConfigError(f"task.path is empty for task {cfg.name!r}; set task.path (a JSONL/Parquet file or "
+                              f"folder) or task.hub_id")
+        root = _resolve_path(cfg.path)
+        if not root.exists():
+            raise FileNotFoundError(f"task.path={cfg.path!r}: {root} does not exist (relative paths are looked up in "
+                                    f"the working directory, the repository and $ESSA_DATA); fix task.path")
+
     def rows_of(split: str) -> list[dict]:
         if cfg.hub_id:
             import datasets
             return list(datasets.load_dataset(cfg.hub_id, cfg.hub_config, split=split))
-        return read_rows(_split_file(_resolve_path(cfg.path), split))
+        return read_rows(_split_file(root, split))
 
     skipped: dict[str, int] = {}
 
@@ -257,10 +299,19 @@ def load_task(cfg) -> Task:
             out.append(Problem(f"{cfg.name}/{split}/{i}", *parsed))
         return out
 
-    if cfg.train_split == cfg.val_split:
+    if cfg.train_split == cfg.val_split or (root is not None and root.is_file()):
+        # one source for both splits: carve the held-out rows out of it so train never sees them
         problems = parse(rows_of(cfg.train_split), cfg.train_split)
+        if 0 < len(problems) <= cfg.val_size:
+            raise ConfigError(f"task.val_size={cfg.val_size} holds out all {len(problems)} usable rows of the one "
+                              f"split, leaving none to train on; lower task.val_size")
         random.Random(cfg.seed).shuffle(problems)
         val, train = problems[: cfg.val_size], problems[cfg.val_size:]
+        held_out = {p.question for p in val}
+        kept = [p for p in train if p.question not in held_out]
+        if len(kept) < len(train):
+            skipped["train (question also in val)"] = len(train) - len(kept)
+        train = kept
     else:
         train = parse(rows_of(cfg.train_split), cfg.train_split)
         val = parse(rows_of(cfg.val_split), cfg.val_split)

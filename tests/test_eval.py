@@ -153,3 +153,20 @@ def test_essa_eval_on_gsm8k_rows(tmp_path):
     assert all(0 <= r["n_correct"] <= r["n"] and len(r["statuses"]) == 4 for r in rows)
     assert (out / ".hydra" / "config.yaml").exists()
     assert np.isfinite(summary["tokens_per_s"]) and summary["tokens"] > 0
+
+
+def test_adapter_rank_names_a_bad_adapter_config(tmp_path):
+    from engine.evaluate import adapter_rank
+
+    a = tmp_path / "adapter"
+    a.mkdir()
+    f = a / "adapter_config.json"
+    f.write_text(json.dumps({"r": 16, "lora_alpha": 32}))
+    assert adapter_rank(a) == 16
+    for text, msg in (("{r: 8,", "not valid JSON"),
+                      (json.dumps({"lora_alpha": 32}), 'no positive integer LoRA rank "r"'),
+                      (json.dumps({"r": "eight"}), 'LoRA rank "r"'), ("[8]", 'LoRA rank "r"')):
+        f.write_text(text)
+        with pytest.raises(ValueError, match=msg) as e:
+            adapter_rank(a)
+        assert str(f) in str(e.value) and "adapters" in str(e.value) and "\n" not in str(e.value)

@@ -136,3 +136,29 @@ def test_essa_report_command(tmp_path):
     assert res.returncode == 0, res.stderr
     assert (out / "val_accuracy_wallclock.png").stat().st_size > 1024
     assert (out / "report.md").exists()
+
+
+def test_corrupt_run_files_name_the_file(tmp_path, capsys):
+    for name, content in (("run.json", b"{label: oops"), ("eval/eval_summary.json", b"{\n"),
+                          ("metrics.parquet", b"not parquet"), ("validation.parquet", b"PAR1 truncated")):
+        run = tmp_path / name.replace("/", "_")
+        shutil.copytree(FIXTURE, run)
+        (run / name).parent.mkdir(exist_ok=True)
+        (run / name).write_bytes(content)
+        with pytest.raises(ValueError) as e:
+            load_run(run)
+        assert str(run / name) in str(e.value) and "\n" not in str(e.value), name
+        with pytest.raises(SystemExit) as ex:
+            cli([str(run), "--out", str(tmp_path / "r")])
+        err = capsys.readouterr().err.strip()
+        assert ex.value.code == 2 and err.startswith("essa: error:") and str(run / name) in err and "\n" not in err
+
+
+def test_cli_unwritable_out_names_the_argument(tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    for out in ("/proc/nope", str(blocker / "sub")):
+        with pytest.raises(SystemExit) as e:
+            cli([str(FIXTURE), "--out", out])
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and err.startswith(f"essa: error: --out {out}:") and "\n" not in err

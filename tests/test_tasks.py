@@ -7,7 +7,7 @@ import re
 import pytest
 from omegaconf import OmegaConf
 
-from engine.config import TaskConfig
+from engine.config import ConfigError, TaskConfig
 from engine.tasks import arithmetic_problem, default_data_root, load_task
 
 DATA = default_data_root()
@@ -88,3 +88,80 @@ def test_arithmetic_is_deterministic_and_correct():
     t = load_task(task_cfg(name="arithmetic", reader="arithmetic", train_size=30, val_size=5))
     assert len(t.train) == 30 and len(t.val) == 5
     assert t.train[0].id.startswith("arithmetic/train/") and t.val[0].id.startswith("arithmetic/val/")
+
+
+def test_nonexistent_path_says_it_does_not_exist(tmp_path):
+    for path in ("/nonexistent/x.jsonl", str(tmp_path / "nope")):
+        with pytest.raises(FileNotFoundError, match="does not exist") as e:
+            load_task(task_cfg(name="gsm8k", reader="gsm8k", path=path))
+        assert "task.path" in str(e.value) and "no train.jsonl" not in str(e.value) and "\n" not in str(e.value)
+
+
+def test_non_utf8_jsonl_names_the_file(tmp_path):
+    f = tmp_path / "train.jsonl"
+    f.write_bytes(b'{"question": "caf\xe9?", "answer": "#### 1"}\n')
+    with pytest.raises(ValueError, match="UTF-8") as e:
+        load_task(task_cfg(name="mine", reader="gsm8k", path=str(f)))
+    assert "task.path" in str(e.value) and str(f) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_corrupt_parquet_names_the_file(tmp_path):
+    f = tmp_path / "train.parquet"
+    f.write_bytes(b"this is not parquet")
+    with pytest.raises(ValueError, match="not a readable Parquet file") as e:
+        load_task(task_cfg(name="mine", reader="gsm8k", path=str(tmp_path), train_split="train", val_split="train"))
+    assert "task.path" in str(e.value) and str(f) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_sizes_are_checked(tmp_path):
+    f = tmp_path / "train.jsonl"
+    f.write_text("\n".join(json.dumps({"question": f"{i}+1?", "answer": f"#### {i + 1}"}) for i in range(5)))
+    for reader, kw, field in (("gsm8k", {"val_size": 0}, "task.val_size"),
+                              ("gsm8k", {"train_size": -1}, "task.train_size"),
+                              ("arithmetic", {"val_size": 0}, "task.val_size"),
+                              ("gsm8k", {"val_size": 5}, "task.val_size")):  # nothing left to train on
+        with pytest.raises(ConfigError, match=field):
+            load_task(task_cfg(name="mine", reader=reader, path=str(f), **kw))
+    t = load_task(task_cfg(name="mine", reader="gsm8k", path=str(f), val_size=1, train_size=0))  # 0 = all rows
+    assert len(t.train) == 4 and len(t.val) == 1
+
+
+def test_single_file_with_two_split_names_carves_val_out(tmp_path):
+    """One file and train_split != val_split: val rows are held out of train, never shared (duplicates too)."""
+    rows = [{"question": f"What is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(20)]
+    f = tmp_path / "all.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in rows + rows[:5]))  # 5 questions appear twice
+    t = load_task(task_cfg(name="mine", reader="gsm8k", path=str(f), train_split="train", val_split="test", val_size=4))
+    train_q, val_q = {p.question for p in t.train}, {p.question for p in t.val}
+    assert len(t.val) == 4 and not train_q & val_q
+    assert train_q | val_q == {r["question"] for r in rows}
+
+
+@needs_data
+def test_single_real_file_has_no_train_val_overlap():
+    t = load_task(task_cfg(name="gsm8k", reader="gsm8k", path=str(DATA / "gsm8k" / "test.jsonl"), val_size=50))
+    assert len(t.val) == 50 and len(t.train) == 1319 - 50
+    assert not {p.question for p in t.train} & {p.question for p in t.val}
+
+
+def test_bench_question_loader_names_data(tmp_path):
+    from engine.bench import load_questions
+
+    f = tmp_path / "q.jsonl"
+    f.write_bytes(b'{"question": "caf\xe9?", "answer": "#### 1"}\n')
+    with pytest.raises(ValueError, match="bench.data") as e:
+        load_questions(str(f), 1)
+    assert "UTF-8" in str(e.value) and str(f) in str(e.value)
+
+
+def test_bench_populations_are_checked():
+    from engine.bench import check_settings
+
+    base = {"populations": [16, 4], "prompts_per_candidate": 8, "max_tokens": 32, "phases_population": 2}
+    assert check_settings(OmegaConf.create(base)) == ([2, 4, 16], 8, 32, 2)
+    for bad in ("abc", [], [0], [4, "a"], [2.5], 4):
+        with pytest.raises(ValueError, match="bench.populations") as e:
+            check_settings(OmegaConf.create({**base, "populations": bad}))
+        assert "positive integers" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="bench.max_tokens"):
+        check_settings(OmegaConf.create({**base, "max_tokens": 0}))
