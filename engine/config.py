@@ -260,11 +260,13 @@ def validate(cfg) -> None:
 
 
 def check_sampling(prefix: str, temperature: float, top_p: float) -> None:
-    """Raises ConfigError unless temperature >= 0 (0 = greedy) and 0 < top_p <= 1."""
+    """Raises ConfigError unless temperature >= 0 (0 = greedy) and 0 < top_p <= 1; ``prefix`` is the
+    config group of the two fields ("" for top-level fields)."""
+    prefix = f"{prefix}." if prefix else ""
     if temperature < 0:
-        raise ConfigError(f"{prefix}.temperature={temperature}: must be >= 0 (0 = greedy)")
+        raise ConfigError(f"{prefix}temperature={temperature}: must be >= 0 (0 = greedy)")
     if not 0 < top_p <= 1:
-        raise ConfigError(f"{prefix}.top_p={top_p}: must be in (0, 1] (1 = off)")
+        raise ConfigError(f"{prefix}top_p={top_p}: must be in (0, 1] (1 = off)")
 
 
 def check_sft(sft) -> None:

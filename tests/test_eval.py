@@ -116,7 +116,7 @@ def test_conditions_and_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="include_base=true"):
         resolve_conditions([], include_base=False)
     for bad, msg in ((["n=4", "ks=[8]"], "ks="), (["n=4", "temperature=0"], "identical samples"),
-                     (["split=test"], "split=")):
+                     (["split=test"], "split="), (["top_p=2"], "top_p=2"), (["temperature=-1"], "temperature=-1")):
         with pytest.raises(ConfigError, match=msg):
             run_eval(compose_eval(bad), tmp_path / "x", backend=ScriptedBackend({}))
 

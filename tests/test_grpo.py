@@ -120,3 +120,16 @@ def test_tiny_real_run(tmp_path):
     names = [n for n, _ in model.named_parameters() if "lora_A" in n]
     assert len(names) == 4 * base.config.num_hidden_layers
     assert not (run_dir / "trainer").exists()
+
+
+@pytest.mark.parametrize("override, field", [
+    ("lora.rank=100000", "lora.rank"),
+    ("grpo.top_p=2", "grpo.top_p"),
+    ("grpo.temperature=-1", "grpo.temperature"),
+    ("sft.max_steps=0", "sft"),
+])
+def test_checks_before_anything_loads(override, field):
+    from engine.grpo import validate
+
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        validate(compose(override))
