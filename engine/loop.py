@@ -252,8 +252,8 @@ def run_train(cfg, run_dir: str | Path) -> dict:
             row.update({f"t_{k}": v for k, v in tm.items() if f"t_{k}" not in row})
             metrics.append(row)
             io.write_parquet(run_dir / "metrics.parquet", metrics)
-            log.info("gen %d/%d  fitness mean %.3f max %.3f min %.3f  sigma %.4f  %d tok  %.0f tok/s  %.1fs",
-                     g + 1, cfg.generations, row["fitness_mean"], row["fitness_max"], row["fitness_min"],
+            log.info("gen %d (%d of %d)  fitness mean %.3f max %.3f min %.3f  sigma %.4f  %d tok  %.0f tok/s  %.1fs",
+                     g, g + 1, cfg.generations, row["fitness_mean"], row["fitness_max"], row["fitness_min"],
                      row["sigma"], row["tokens"], row["tokens_per_s"], row["t_generate"])
             state.generation = g
             over = cfg.time_budget_s is not None and time.perf_counter() - t_start >= cfg.time_budget_s

@@ -30,6 +30,7 @@ import logging
 import os
 import sys
 import textwrap
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -445,9 +446,11 @@ def cli(argv: list[str] | None = None) -> None:
                                      "(several runs are overlaid on one axis).")
     parser.add_argument("run_dirs", nargs="+", type=Path, help="run directories (essa train / grpo / eval)")
     parser.add_argument("--out", type=Path, default=None,
-                        help="output directory (default: <run dir>/report for one run, ./report for several)")
+                        help="output directory (default: <run dir>/report for one run, "
+                             "outputs/reports/<time> for several)")
     args = parser.parse_args(argv)
-    out = args.out or (args.run_dirs[0] / "report" if len(args.run_dirs) == 1 else Path("report"))
+    out = args.out or (args.run_dirs[0] / "report" if len(args.run_dirs) == 1
+                       else Path("outputs") / "reports" / time.strftime("%Y-%m-%d_%H-%M-%S"))
     try:
         paths = make_report(args.run_dirs, out)
     except (ValueError, FileNotFoundError) as e:
