@@ -60,6 +60,15 @@ def test_typos_and_wrong_types_fail_at_compose(override, error):
     ("engine.max_loras=2", "engine.max_loras"),
     ("rollout.max_tokens=0", "rollout"),
     ("engine.backend=gpu", "engine.backend"),
+    ("rollout.temperature=-1", "rollout.temperature"),
+    ("rollout.top_p=2", "rollout.top_p"),
+    ("eval.every=-1", "eval.every"),
+    ("eval.max_tokens=0", "eval.max_tokens"),
+    ("sft.max_steps=0", "sft"),
+    ("sft.batch_size=0", "sft"),
+    ("sft.lr=0", "sft"),
+    ("strategy.genome.kind=nope", "strategy.genome.kind"),
+    ("strategy.genome.mode=nope", "strategy.genome.mode"),
 ])
 def test_validate_names_the_field(override, field):
     cfg = train_cfg(override)
@@ -83,36 +92,12 @@ def test_minibatch_is_fresh_per_generation_and_reproducible():
     assert len({p.id for p in b0}) == 16
 
 
-# --- checks that must fire before anything is loaded (found by a break-it pass) -----------------
-@pytest.mark.parametrize("override, field", [
-    ("rollout.temperature=-1", "rollout.temperature"),
-    ("rollout.top_p=2", "rollout.top_p"),
-    ("eval.every=-1", "eval.every"),
-    ("eval.max_tokens=0", "eval.max_tokens"),
-    ("sft.max_steps=0", "sft"),
-    ("sft.batch_size=0", "sft"),
-    ("sft.lr=0", "sft"),
-    ("strategy.genome.kind=nope", "strategy.genome.kind"),
-    ("strategy.genome.mode=nope", "strategy.genome.mode"),
-])
-def test_validate_rejects_before_loading(override, field):
-    cfg = _compose_for_checks(override)
-    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
-        validate(cfg)
-
-
-def _compose_for_checks(*overrides):
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="train", overrides=list(overrides))
-
-
 def test_unknown_keys_catches_plus_overrides_only():
     from engine.config import unknown_keys
 
-    assert unknown_keys(_compose_for_checks(), "train") == []
-    assert sorted(unknown_keys(_compose_for_checks("+strategy.popsize=4", "+foo=1"), "train")) == ["foo", "strategy.popsize"]
-    assert unknown_keys(_compose_for_checks("strategy.options.diagonal=true"), "train") == []  # free-form dict
+    assert unknown_keys(train_cfg(), "train") == []
+    assert sorted(unknown_keys(train_cfg("+strategy.popsize=4", "+foo=1"), "train")) == ["foo", "strategy.popsize"]
+    assert unknown_keys(train_cfg("strategy.options.diagonal=true"), "train") == []  # free-form dict
 
 
 def test_strategy_options_checked_before_sft():
@@ -121,10 +106,10 @@ def test_strategy_options_checked_before_sft():
     from strategies import get_strategy
 
     cls = get_strategy("essa")
-    check_strategy_options(cls, _compose_for_checks("strategy.options.diagonal=true"))
+    check_strategy_options(cls, train_cfg("strategy.options.diagonal=true"))
     for bad in ("++strategy.options.bogus=1", "strategy.options.diagonal=abc"):
         with pytest.raises(ConfigError, match="strategy.options"):
-            check_strategy_options(cls, _compose_for_checks(bad))
+            check_strategy_options(cls, train_cfg(bad))
 
 
 @pytest.mark.parametrize("argv, expect", [

@@ -55,6 +55,10 @@ def compose_train():
     ("grpo.focal_gamma=-1", "grpo.focal_gamma"),
     ("grpo.time_budget_s=0", "grpo.time_budget_s"),
     ("grpo.loss_type=ppo", "grpo.loss_type"),
+    ("lora.rank=100000", "lora.rank"),
+    ("grpo.top_p=2", "grpo.top_p"),
+    ("grpo.temperature=-1", "grpo.temperature"),
+    ("sft.max_steps=0", "sft"),
 ])
 def test_bad_config_names_the_field(override, field):
     from engine.grpo import validate
@@ -121,15 +125,3 @@ def test_tiny_real_run(tmp_path):
     assert len(names) == 4 * base.config.num_hidden_layers
     assert not (run_dir / "trainer").exists()
 
-
-@pytest.mark.parametrize("override, field", [
-    ("lora.rank=100000", "lora.rank"),
-    ("grpo.top_p=2", "grpo.top_p"),
-    ("grpo.temperature=-1", "grpo.temperature"),
-    ("sft.max_steps=0", "sft"),
-])
-def test_checks_before_anything_loads(override, field):
-    from engine.grpo import validate
-
-    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
-        validate(compose(override))
