@@ -282,14 +282,13 @@ def unknown_keys(cfg, command: str) -> list[str]:
     not checked. Returns [] for commands without a schema."""
     from omegaconf import DictConfig
 
-    schemas = {"train": TrainConfig}
-    if command == "grpo":
-        from .grpo import GRPORunConfig
-        schemas["grpo"] = GRPORunConfig
+    if command == "train":
+        schema = TrainConfig
+    elif command == "grpo":
+        from .grpo import GRPORunConfig as schema
     elif command == "eval":
-        from .evaluate import EvalCommandConfig
-        schemas["eval"] = EvalCommandConfig
-    if command not in schemas:
+        from .evaluate import EvalCommandConfig as schema
+    else:
         return []
 
     def walk(node, schema: type, prefix: str) -> list[str]:
@@ -304,7 +303,7 @@ def unknown_keys(cfg, command: str) -> list[str]:
                 out += walk(node._get_node(key), hints[key], f"{prefix}{key}.")
         return out
 
-    return walk(cfg, schemas[command], "")
+    return walk(cfg, schema, "")
 
 
 def register_configs() -> None:

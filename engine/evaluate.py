@@ -28,7 +28,6 @@ greedy_status, greedy_extracted, greedy_tokens`` (greedy pass) and ``n`` (scorab
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -161,10 +160,9 @@ def adapter_rank(path: Path) -> int:
     """
     f = Path(path) / "adapter_config.json"
     try:
-        conf = json.loads(f.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        why = f"{e.msg} at line {e.lineno}" if isinstance(e, json.JSONDecodeError) else "not UTF-8 text"
-        raise ValueError(f"adapters: {f} is not valid JSON ({why}); re-export the adapter or fix the file") from None
+        conf = io.read_json(f)
+    except ValueError as e:
+        raise ValueError(f"adapters: {e}; re-export the adapter or fix the file") from None
     r = conf.get("r") if isinstance(conf, dict) else None
     if isinstance(r, bool) or not isinstance(r, int) or r < 1:
         raise ValueError(f"adapters: {f} has no positive integer LoRA rank \"r\" (got {r!r}); re-export the adapter "

@@ -40,8 +40,8 @@ left padding), scored with ``rewards.MathReward``.
 Clock (``wall_s``, seconds), the same as ``engine/loop.py::run_train``: started right after the
 SFT warm start that ESSA, GRPO and F-GRPO share (so its cost, cached or not, is in none of them); it
 includes loading the model, building the trainer, every generation/training step and every
-validation (ESSA's includes vLLM start-up and its baselines). Nothing after the start is excluded. ``grpo.time_budget_s`` is
-checked against this clock after every optimiser step.
+validation (ESSA's includes vLLM start-up and its baselines). Nothing after the start is excluded.
+``grpo.time_budget_s`` is checked against this clock after every optimiser step.
 
 Run directory: ``run.json`` (method ``grpo`` or ``f-grpo``), ``validation.parquet`` (``step, wall_s,
 condition, accuracy, n_problems, method``; conditions ``sft`` at step 0 and ``policy``),

@@ -83,9 +83,34 @@ def write_parquet(path, rows: dict[str, list] | list[dict]) -> Path:
 
 
 def read_rows(path) -> list[dict]:
-    """Rows of a Parquet file; [] when it does not exist."""
+    """Rows of a Parquet file; [] when it does not exist.
+
+    Raises:
+        ValueError: pyarrow cannot read the file (``"<path> is not a readable Parquet file (...)"``;
+            callers append the fix).
+    """
     path = Path(path)
-    return pq.read_table(path).to_pylist() if path.exists() else []
+    if not path.exists():
+        return []
+    try:
+        return pq.read_table(path).to_pylist()
+    except (pa.ArrowException, OSError) as e:
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(f"{path} is not a readable Parquet file ({why})") from None
+
+
+def read_json(path) -> Any:
+    """A UTF-8 JSON file's value.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not UTF-8 or not valid JSON (``"<path> is not valid JSON (...)"``; callers append the fix).
+    """
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        why = f"{e.msg} at line {e.lineno}" if isinstance(e, json.JSONDecodeError) else "not UTF-8 text"
+        raise ValueError(f"{path} is not valid JSON ({why})") from None
 
 
 @contextmanager

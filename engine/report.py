@@ -25,7 +25,6 @@ start adapter, so the search distribution's mean *is* the SFT adapter before gen
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -87,10 +86,9 @@ def _eval_dirs(path: Path) -> list[Path]:
 def _read_json(path: Path) -> dict:
     """A run file's JSON object. Raises ValueError naming the file when it is not one."""
     try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        why = f"{e.msg} at line {e.lineno}" if isinstance(e, json.JSONDecodeError) else "not UTF-8 text"
-        raise ValueError(f"{path} is not valid JSON ({why}); fix or remove the file, or leave this run out") from None
+        obj = io.read_json(path)
+    except ValueError as e:
+        raise ValueError(f"{e}; fix or remove the file, or leave this run out") from None
     if not isinstance(obj, dict):
         raise ValueError(f"{path} holds a JSON {type(obj).__name__}, not an object; fix or remove the file")
     return obj
@@ -98,14 +96,10 @@ def _read_json(path: Path) -> dict:
 
 def _read_parquet(path: Path) -> list[dict]:
     """A run file's Parquet rows ([] when absent). Raises ValueError naming the file when pyarrow cannot read it."""
-    import pyarrow as pa
-
     try:
         return io.read_rows(path)
-    except (pa.ArrowException, OSError) as e:
-        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ValueError(f"{path} is not a readable Parquet file ({why}); fix or remove the file, or leave this "
-                         f"run out") from None
+    except ValueError as e:
+        raise ValueError(f"{e}; fix or remove the file, or leave this run out") from None
 
 
 def load_run(path: str | Path) -> RunData:

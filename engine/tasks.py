@@ -91,14 +91,11 @@ def read_rows(path: Path, field: str = "task.path") -> list[dict[str, Any]]:
     if not path.exists():
         raise FileNotFoundError(f"{field}: {path} does not exist; point {field} at a JSONL/Parquet file or folder")
     if path.suffix == ".parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        from .io import read_rows as read_parquet
         try:
-            return pq.read_table(path).to_pylist()
-        except (pa.ArrowException, OSError) as e:
-            why = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise ValueError(f"{field}: {path} is not a readable Parquet file ({why}); "
-                             f"fix the file or point {field} at a valid .parquet/.jsonl file") from None
+            return read_parquet(path)
+        except ValueError as e:
+            raise ValueError(f"{field}: {e}; fix the file or point {field} at a valid .parquet/.jsonl file") from None
     if path.suffix in (".jsonl", ".json"):
         try:
             text = path.read_text(encoding="utf-8")
