@@ -25,6 +25,9 @@ Outputs in the run directory (Hydra's, or ``output_dir``):
 eval_problems.parquet columns: ``problem_id, condition, adapter, reference, greedy_correct,
 greedy_status, greedy_extracted, greedy_tokens`` (greedy pass) and ``n`` (scorable samples),
 ``n_correct, n_error, extracted (list), statuses (list), mean_tokens`` (sampled pass; n = 0 when n == 1).
+
+pass@k policy: every k is averaged over ONE problem set, the problems with at least max(ks) scorable
+samples, so pass@k never falls as k grows (engine/passk.py); the summary counts the problems left out.
 """
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ from omegaconf import OmegaConf
 from . import io
 from .backends import AdapterRef, Sampling, lora_int_id
 from .config import ConfigError, EngineConfig, ModelConfig, RewardConfig, TaskConfig, check_sampling
-from .passk import check_ks, default_ks, pass_at_k_table
+from .passk import check_ks, default_ks, pass_at_k_fixed_set
 from .prompts import build_prompt
 from .tasks import Problem, load_task
 
@@ -279,7 +282,9 @@ def summarise(greedy: PassResult, sampled: PassResult | None, ks: Sequence[int],
     """Per-condition metrics.
 
     greedy_accuracy: fraction of scorable problems solved greedily. avg_at_n: mean over problems of
-    c / n. pass_at_k: ``{k: mean pass@k}`` over the problems with at least k scorable samples.
+    c / n. pass_at_k: ``{k: mean pass@k}``, every k over the same problems: those with at least
+    max(ks) scorable samples (engine/passk.py, :func:`~engine.passk.pass_at_k_fixed_set`), so it
+    never falls as k grows; ``pass_at_k_problems`` counts them, ``pass_at_k_excluded`` the others.
     """
     out = {}
     for a, name in enumerate(names):
@@ -295,10 +300,10 @@ def summarise(greedy: PassResult, sampled: PassResult | None, ks: Sequence[int],
             has = n > 0
             row["avg_at_n"] = float((c[has] / n[has]).mean()) if has.any() else None
             row["sampled_mean_tokens"] = float(sampled.n_tokens[a].mean())
-            for k in ks:
-                sel = n >= k
-                row["pass_at_k"][str(k)] = pass_at_k_table(n[sel], c[sel], [k])[k] if sel.any() else None
-                row["pass_at_k_problems"][str(k)] = int(sel.sum())
+            table, in_set = pass_at_k_fixed_set(n, c, ks)                     # one problem set for every k
+            row["pass_at_k"] = {str(k): v for k, v in table.items()}
+            row["pass_at_k_problems"] = {str(k): int(in_set.sum()) for k in table}
+            row["pass_at_k_excluded"] = int((~in_set).sum()) if ks else 0
         out[name] = row
     return out
 
@@ -308,7 +313,7 @@ def format_table(summary: dict, n: int, ks: Sequence[int], title: str) -> str:
     cols = ["greedy"] + ([f"avg@{n}"] + [f"pass@{k}" for k in ks] if ks else [])
     width = max([len("condition")] + [len(c) for c in summary]) + 2
     lines = [title, f"{'condition':<{width}}" + "".join(f"{c:>10}" for c in cols) + f"{'problems':>10}"]
-    fmt = lambda v: f"{v:>10.3f}" if v is not None else f"{'-':>10}"  # noqa: E731
+    fmt = lambda v: f"{v + 0.0:>10.3f}" if v is not None else f"{'-':>10}"  # noqa: E731  (+ 0.0: no -0.000)
     for name, r in summary.items():
         vals = [r["greedy_accuracy"]] + ([r["avg_at_n"]] + [r["pass_at_k"][str(k)] for k in ks] if ks else [])
         lines.append(f"{name:<{width}}" + "".join(fmt(v) for v in vals) + f"{r['n_problems']:>10d}")

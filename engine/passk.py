@@ -14,6 +14,15 @@ summed in log space (``log1p``) and turned back with ``expm1``, so no term ever 
 pass@k near 0 keeps its relative precision.
 
 avg@n (mean accuracy over the n samples) is the k = 1 case: pass@1 = c / n.
+
+One problem set for every k (:func:`pass_at_k_fixed_set`): pass@k of one problem never falls as k
+grows, so the mean over problems does not either, as long as every k is averaged over the same
+problems. The estimator needs n >= k; Chen et al.'s reference code (human-eval,
+``evaluate_functional_correctness``) reports a k only when every problem has n >= k. Here a sample
+the checker cannot score (status ``error``) is left out of n, never counted as wrong
+(docs/ARCHITECTURE.md), so problems can have fewer than the n drawn samples: every k of a table is
+averaged over the problems with at least max(ks) scorable samples, and the others are counted as
+excluded (the same ones for every k). Zero is stored as 0.0, never -0.0.
 """
 from __future__ import annotations
 
@@ -59,7 +68,7 @@ def pass_at_k(n, c, k: int) -> np.ndarray:
         log_terms = np.log1p(-k / np.maximum(i, k + 1))                    # (I,)
         in_range = (i[None, :] > (nn - cc)[:, None]) & (i[None, :] <= nn[:, None])   # (N', I)
         log_ratio = np.where(in_range, log_terms[None, :], 0.0).sum(axis=1)        # (N',)
-        out[todo] = -np.expm1(log_ratio)
+        out[todo] = 0.0 - np.expm1(log_ratio)       # 0.0 - x, not -x: a zero stays +0.0 (never -0.0)
     return out.reshape(shape)
 
 
@@ -83,6 +92,36 @@ def pass_at_k_table(n, c, ks: Iterable[int]) -> dict[int, float]:
         v = pass_at_k(n, c, int(k))
         table[int(k)] = float(v.mean()) if v.size else float("nan")
     return table
+
+
+def pass_at_k_fixed_set(n, c, ks: Iterable[int]) -> tuple[dict[int, float | None], np.ndarray]:
+    """Mean pass@k for every k in ``ks``, all over ONE problem set, so the values never fall as k grows.
+
+    The set is the problems with at least max(ks) scorable samples (module docstring): a problem
+    whose unscorable samples leave it n < max(ks) is excluded from every k, not only the larger ones.
+
+    Args:
+        n: scorable samples per problem, int (N,). c: correct samples per problem, int (N,), c <= n.
+        ks: the k values (positive integers).
+
+    Returns:
+        ``({k: mean pass@k over the set, or None when the set is empty}, in_set (N,) bool)``.
+
+    Raises:
+        ValueError: a k < 1, or c outside [0, n].
+    """
+    n = np.atleast_1d(np.asarray(n, dtype=np.int64))
+    c = np.atleast_1d(np.asarray(c, dtype=np.int64))
+    ks = list(ks)
+    for k in ks:
+        _check(n[:0], c[:0], k)                                           # k a positive integer
+    ks = sorted({int(k) for k in ks})
+    if np.any(c < 0) or np.any(c > n):
+        raise ValueError("pass@k: need 0 <= c <= n for every problem (c correct out of n samples)")
+    in_set = n >= (ks[-1] if ks else 1)                                   # (N,)
+    if not in_set.any():
+        return {k: None for k in ks}, in_set
+    return pass_at_k_table(n[in_set], c[in_set], ks), in_set
 
 
 def default_ks(n: int) -> list[int]:

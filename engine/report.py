@@ -321,7 +321,7 @@ def build_figures(runs: list[RunData]) -> dict[str, object]:
 def _fmt(v, digits: int = 3) -> str:
     if v is None or (isinstance(v, float) and not np.isfinite(v)):
         return "-"
-    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+    return f"{v + 0.0:.{digits}f}" if isinstance(v, float) else str(v)  # + 0.0: -0.0 prints 0.000
 
 
 def final_accuracy(run: RunData) -> dict[str, tuple[float, int, int]]:

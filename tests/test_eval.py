@@ -170,3 +170,38 @@ def test_adapter_rank_names_a_bad_adapter_config(tmp_path):
         with pytest.raises(ValueError, match=msg) as e:
             adapter_rank(a)
         assert str(f) in str(e.value) and "adapters" in str(e.value) and "\n" not in str(e.value)
+
+
+def _pass(statuses: list[list[str]]):
+    """A PassResult for one condition from per-problem status lists (N problems x G samples)."""
+    from engine.evaluate import PassResult
+
+    st = np.array([statuses], dtype=object)                       # (1, N, G)
+    none = np.full(st.shape, None, dtype=object)
+    return PassResult(correct=st == "correct", scored=st != "error", extracted=none, status=st,
+                      n_tokens=np.ones(st.shape, dtype=np.int64), texts=none, generate_s=1.0)
+
+
+def test_summary_pass_at_k_one_problem_set_and_positive_zero():
+    from engine.evaluate import format_table, summarise
+    from engine.report import _fmt
+
+    # issue 16: A (n 4, c 0), B (2 of 4 unscorable, c 2) gave pass@1 0.5, pass@2 0.5, pass@4 0.0
+    greedy = _pass([["wrong"], ["correct"]])
+    sampled = _pass([["wrong"] * 4, ["error", "error", "correct", "correct"]])
+    row = summarise(greedy, sampled, [1, 2, 4], ["c"])["c"]
+    vals = [row["pass_at_k"][k] for k in ("1", "2", "4")]
+    assert all(b >= a for a, b in zip(vals, vals[1:])), vals     # never falls as k grows
+    assert vals == [0.0, 0.0, 0.0]                               # over {A}: B has 2 < max(ks) scorable samples
+    assert row["pass_at_k_problems"] == {"1": 1, "2": 1, "4": 1} and row["pass_at_k_excluded"] == 1
+    # zero is +0.0 when stored and printed (it was -0.0 / -0.000)
+    assert all(np.copysign(1.0, v) == 1.0 for v in vals)
+    assert "-0.0" not in json.dumps(row)
+    table = format_table({"c": row}, 4, [1, 2, 4], "t")
+    assert "0.000" in table and "-0.000" not in table
+    assert _fmt(-0.0) == "0.000"                                 # summaries written before the fix
+    # with every problem fully scorable the set is all problems and the values are the usual ones
+    row = summarise(_pass([["wrong"], ["correct"]]), _pass([["wrong"] * 4, ["wrong", "wrong", "correct", "correct"]]),
+                    [1, 2, 4], ["c"])["c"]
+    assert row["pass_at_k"] == pytest.approx({"1": 0.25, "2": 5 / 12, "4": 0.5})
+    assert row["pass_at_k_excluded"] == 0

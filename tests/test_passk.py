@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 
 import numpy as np
 import pytest
 
-from engine.passk import check_ks, default_ks, pass_at_k, pass_at_k_table
+from engine.passk import check_ks, default_ks, pass_at_k, pass_at_k_fixed_set, pass_at_k_table
 
 
 def brute_force(n: int, c: int, k: int) -> float:
@@ -81,3 +82,40 @@ def test_table_and_ks():
     assert check_ks([4, 1, 2, 2], 4) == [1, 2, 4]
     with pytest.raises(ValueError, match="ks="):
         check_ks([1, 8], 4)
+
+
+def test_fixed_problem_set_keeps_pass_at_k_non_decreasing():
+    # issue 16: problem A (n 4, c 0) and problem B (2 of 4 samples unscorable: n 2, c 2). Averaging each
+    # k over "the problems with n >= k" gave 0.5, 0.5, 0.0 (B dropped out of k = 4 only).
+    table, in_set = pass_at_k_fixed_set([4, 2], [0, 2], [1, 2, 4])
+    assert list(in_set) == [True, False]                 # B has < max(ks) scorable samples: out for every k
+    assert table == {1: 0.0, 2: 0.0, 4: 0.0}
+    # random tables: every k over the same problems, so the curve never falls
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        n = rng.integers(0, 17, size=12)
+        c = rng.integers(0, n + 1)
+        ks = sorted(set(rng.integers(1, 17, size=4).tolist()))
+        table, in_set = pass_at_k_fixed_set(n, c, ks)
+        assert list(in_set) == [bool(x >= ks[-1]) for x in n]
+        vals = [table[k] for k in ks]
+        if in_set.any():
+            assert all(b >= a - 1e-15 for a, b in zip(vals, vals[1:])), (n, c, ks, vals)
+            assert vals == pytest.approx([np.mean([brute_force(int(a), int(b), k) for a, b in zip(n[in_set], c[in_set])])
+                                          for k in ks])
+        else:
+            assert vals == [None] * len(ks)
+    with pytest.raises(ValueError, match="0 <= c <= n"):
+        pass_at_k_fixed_set([4, 1], [0, 2], [1])        # c > n on a problem outside the set is still an error
+    with pytest.raises(ValueError, match="positive integer"):
+        pass_at_k_fixed_set([4], [1], [0, 2])
+
+
+def test_zero_is_positive_zero():
+    # -expm1(0.0) is -0.0: a problem nobody solves stored -0.0 and printed -0.000
+    for n, k in ((4, 1), (4, 4), (256, 16)):
+        v = pass_at_k(n, 0, k)
+        assert v == 0.0 and np.copysign(1.0, v) == 1.0, (n, k)
+    table = pass_at_k_table([4, 4], [0, 0], [1, 2])
+    assert all(np.copysign(1.0, v) == 1.0 for v in table.values())
+    assert "-0.0" not in json.dumps(table)
