@@ -35,6 +35,7 @@ Output: a readable table on stdout and JSON at ``output`` (default ``<run dir>/b
 """
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -187,8 +188,13 @@ def load_probe(backend, prompt: str, refs: list, generation_ids: list[int]) -> f
 
 
 def one_generation(backend, pop: Population, P: int, prompts: list[str], answers: list[str], sampling,
-                   meta: dict, root: Path, generation: int, measure_load: bool) -> dict[str, Any]:
+                   meta: dict, root: Path, generation: int, measure_load: bool,
+                   probe_generation: int | None = None) -> dict[str, Any]:
     """One ES generation at population size P, every phase timed (seconds).
+
+    Adapter ids are ``lora_int_id(generation, k)`` (and ``lora_int_id(probe_generation, k)`` for the
+    load probe): the caller passes a generation index no other call of the process used, because
+    vLLM serves its cached weights for an id it has seen, whatever the path (see :func:`main`).
 
     Phases: ask, decode (genome -> LoRA tensors), write (PEFT files), generate (the one vLLM call,
     adapter load included), load (vLLM loading the P adapters, measured by :func:`load_probe` only
@@ -221,7 +227,9 @@ def one_generation(backend, pop: Population, P: int, prompts: list[str], answers
     gen, texts = _timed_generate(backend, flat_prompts, flat_adapters, sampling)
     t["generate"] = gen["seconds"]
     if measure_load:
-        t["load"] = load_probe(backend, prompts[0], refs, [lora_int_id(generation + 500, k) for k in range(P)])
+        if probe_generation is None:
+            raise ValueError("one_generation: measure_load needs a fresh probe_generation for the probe's adapter ids")
+        t["load"] = load_probe(backend, prompts[0], refs, [lora_int_id(probe_generation, k) for k in range(P)])
         notes.append("load: 1-token requests under fresh adapter ids minus the same requests again; it happens "
                      "inside the generate call, so it is part of 'generate' and counted as outside generation")
     fitness = None
@@ -286,19 +294,21 @@ def naive_per_candidate(model_path: str, adapter_dirs: list[str], prompts: list[
             "samples": [{"tokens": a, "seconds": round(b, 3)} for a, b in samples]}
 
 
-def machine_info() -> dict[str, Any]:
-    """CPU model, cores, library versions."""
+def machine_info(device=None) -> dict[str, Any]:
+    """CPU model, cores, the ISA flags that decide the dtype (engine/hardware.py), GPU, library versions.
+
+    Args:
+        device: ``engine.hardware.DeviceInfo`` (default: detected).
+    """
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info = {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
+    from .hardware import detect_device
+
+    dev = device if device is not None else detect_device()
+    info = {"cpu": dev.cpu.model, "cores": dev.cpu.cores, "isa": dev.cpu.isa, "native_bf16": dev.cpu.native_bf16,
+            "flags": dev.cpu.summary()["flags"], "flags_capped_by": dev.cpu.capped_by,
+            "gpu": None if dev.gpu is None else dev.gpu.name, "torch": torch.__version__,
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "python": platform.python_version(),
             "cuda": torch.cuda.is_available()}
     try:
         import vllm
@@ -319,6 +329,7 @@ def format_table(result: dict) -> str:
              f"greedy  rank={s['rank']}  fast_lora={s['fast_lora']}",
              f"machine: {result['machine']['cpu']}, {result['machine']['cores']} cores, vLLM {result['machine']['vllm']}, "
              f"torch {result['machine']['torch']}",
+             f"flags: {_flags_line(result['machine'])}; dtype {s['dtype']} ({s['dtype_reason']})",
              "",
              f"{'P':>4} {'seqs':>5} | {'base tok/s':>10} {'pop tok/s':>10} {'naive tok/s':>11} | {'pop/base':>8} {'pop/naive':>9} "
              f"{'(cpu-time pop/base)':>19} | {'base s':>7} {'pop s':>7} {'naive s':>8}"]
@@ -350,6 +361,13 @@ def format_table(result: dict) -> str:
     if result.get("notes"):
         lines += [""] + [f"note: {n}" for n in result["notes"]]
     return "\n".join(lines)
+
+
+def _flags_line(machine: dict) -> str:
+    """``avx2 avx512f -avx512_bf16 ...`` (``-`` = absent) plus the ISA and any environment cap."""
+    flags = " ".join(f if on else f"-{f}" for f, on in machine.get("flags", {}).items())
+    cap = f", capped by {machine['flags_capped_by']}" if machine.get("flags_capped_by") else ""
+    return f"{flags} -> {machine.get('isa', '?')}{cap}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -398,10 +416,13 @@ def main(cfg) -> dict:
 
     from .backends import Sampling
     from .backends.vllm_local import VLLMBackend, is_cpu_platform
+    from .hardware import detect_device, resolve_dtype
     from .model import resolve_model_path
     from .prompts import build_prompt
 
     populations, B, T, phases_p = check_settings(cfg)
+    device = detect_device()
+    dtype, dtype_reason = resolve_dtype(cfg.model.dtype, device)  # logs one line
     out_path = Path(cfg.output) if cfg.get("output") else Path(_run_dir()) / "bench.json"
 
     model = resolve_model_path(cfg.model.path)
@@ -415,8 +436,9 @@ def main(cfg) -> dict:
                 "max_tokens": T, "rank": int(cfg.lora.rank), "lora_alpha": float(cfg.lora.alpha), "sigma0": float(cfg.sigma0),
                 "fast_lora": fast, "repeats": int(cfg.repeats), "engine": OmegaConf.to_container(cfg.engine, resolve=True),
                 "data": str(cfg.data), "sampling": "greedy", "seed": int(cfg.seed), "prefix_caching": False,
-                "lora_target_modules": list(cfg.lora.target_modules)}
-    result: dict[str, Any] = {"machine": machine_info(), "settings": settings, "rows": [], "notes": notes,
+                "lora_target_modules": list(cfg.lora.target_modules), "dtype": dtype, "dtype_reason": dtype_reason,
+                "dtype_requested": str(cfg.model.dtype)}
+    result: dict[str, Any] = {"machine": machine_info(device), "settings": settings, "rows": [], "notes": notes,
                               "loadavg_start": os.getloadavg()}
 
     pop = Population(lora_shapes(model), int(cfg.lora.rank), float(cfg.sigma0), int(cfg.seed))
@@ -430,7 +452,7 @@ def main(cfg) -> dict:
     if cfg.get("base_without_lora"):
         # the strict limit: an engine without LoRA support at all (vLLM's LoRA layer wrappers and
         # per-step mapping cost a little even when no request has an adapter)
-        eng = VLLMBackend(model, max_model_len=int(cfg.model.max_model_len), dtype=cfg.model.dtype, seed=int(cfg.seed),
+        eng = VLLMBackend(model, max_model_len=int(cfg.model.max_model_len), dtype=dtype, seed=int(cfg.seed),
                           kv_cache_gib=float(cfg.engine.kv_cache_gib), max_num_seqs=int(cfg.engine.max_num_seqs),
                           enable_lora=False, fast_lora=False, extra={"enable_prefix_caching": False})
         try:
@@ -448,26 +470,32 @@ def main(cfg) -> dict:
     # same work. LoRA only where the adapters have weights (vLLM would also wrap the MLP).
     extra = {"enable_prefix_caching": False, "lora_target_modules": list(cfg.lora.target_modules)}
     backend = VLLMBackend(model, max_lora_rank=int(cfg.lora.rank), max_loras=max(populations),
-                          max_model_len=int(cfg.model.max_model_len), dtype=cfg.model.dtype, seed=int(cfg.seed),
+                          max_model_len=int(cfg.model.max_model_len), dtype=dtype, seed=int(cfg.seed),
                           kv_cache_gib=float(cfg.engine.kv_cache_gib), max_num_seqs=int(cfg.engine.max_num_seqs),
                           fast_lora=bool(cfg.engine.fast_lora), extra=extra)
     result["engine_startup_s"] = round(backend.startup_s, 1)
     try:
         prompts = [build_prompt(backend.tokenizer, q, cfg.system_prompt) for q, _ in qa]
         # warm-up: first LoRA batch and first base batch pay one-off costs (allocator, kernels)
-        warm = one_generation(backend, pop, 2, prompts[:2], answers[:2], Sampling(max_tokens=8), meta, root, 0, False)
+        # One generation index per adapter set (warm-up, every (P, repeat), the load probe), so no
+        # lora_int_id is ever reused for other weights: vLLM would serve the cached adapter.
+        generations = itertools.count()
+        warm = one_generation(backend, pop, 2, prompts[:2], answers[:2], Sampling(max_tokens=8), meta, root,
+                              next(generations), False)
         del warm
         backend.generate(prompts[:2], [None, None], Sampling(max_tokens=8), use_tqdm=False)
 
-        for gi, P in enumerate(populations, start=1):
+        for P in populations:
             flat = [p for _ in range(P) for p in prompts]
             best: dict[str, Any] | None = None
             base_runs, pop_runs = [], []
             for rep in range(max(1, int(cfg.repeats))):
                 la = os.getloadavg()[0]
                 base, _ = _timed_generate(backend, flat, [None] * len(flat), sampling)
+                measure_load = P == phases_p and rep == 0
                 gen = one_generation(backend, pop, P, prompts, answers, sampling, meta, root,
-                                     generation=gi * 10 + rep, measure_load=(P == phases_p and rep == 0))
+                                     generation=next(generations), measure_load=measure_load,
+                                     probe_generation=next(generations) if measure_load else None)
                 base["loadavg"] = la
                 base_runs.append(base)
                 pop_runs.append(gen)
@@ -498,7 +526,7 @@ def main(cfg) -> dict:
         from .adapters import write_adapter
         dirs = [str(write_adapter(root / "naive" / f"cand_{i}", lora, meta["rank"], meta["alpha"], model))
                 for i, lora in enumerate(loras)]
-        nv = naive_per_candidate(model, dirs, prompts, T, cfg.model.dtype)
+        nv = naive_per_candidate(model, dirs, prompts, T, dtype)
         result["naive"] = nv
         notes.append(f"naive: transformers+peft, {nv['candidates_timed']} candidate(s) timed (load adapter, generate "
                      f"over B={B} prompts, unload); P candidates = P x the per-candidate mean (extrapolated)")

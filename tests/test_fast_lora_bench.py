@@ -71,3 +71,62 @@ def test_essa_bench_tiny_end_to_end(tmp_path):
     assert row["base"]["tokens"] > 0 and row["population"]["tokens"] > 0 and row["naive"]["tokens"] > 0
     assert set(res["phases"]["phases_s"]) >= {"ask", "decode", "write", "load", "generate", "reward", "tell"}
     assert "pop/base" in proc.stdout
+
+
+class _RecordingBackend:
+    """Stands in for VLLMBackend in a unit test: answers every request and records, per LoRA id,
+    every adapter file it was served with (vLLM keeps serving the first weights it saw for an id)."""
+
+    startup_s = 0.0
+
+    class tokenizer:  # noqa: N801 - attribute access only
+        @staticmethod
+        def apply_chat_template(messages, tokenize=False, add_generation_prompt=True):
+            return "\n".join(m["content"] for m in messages)
+
+    def __init__(self, *args, **kwargs):
+        self.weights_by_id: dict[int, set[str]] = {}
+        _RecordingBackend.last = self
+
+    def generate(self, prompts, adapters, sampling, use_tqdm=True):
+        import hashlib
+
+        from engine.backends import Completion
+
+        for a in adapters:
+            if a is not None:  # one written file = (inode, mtime, content); adapter dirs are written atomically
+                f = Path(a.path) / "adapter_model.safetensors"
+                st = f.stat()
+                version = f"{st.st_ino}:{st.st_mtime_ns}:{hashlib.sha256(f.read_bytes()).hexdigest()}"
+                self.weights_by_id.setdefault(a.lora_int_id, set()).add(version)
+        return [[Completion("so \\boxed{1}", 3)] for _ in prompts]
+
+    def close(self):
+        pass
+
+
+def test_bench_never_reuses_a_lora_id_for_other_weights(tmp_path, monkeypatch):
+    # issue 16: ids were lora_int_id(gi * 10 + rep, k), so repeats=11 gave P=2's 11th repeat the ids of
+    # P=3's first, and vLLM served the cached adapter. Every id the run uses must name one set of weights.
+    import rewards
+    from engine import bench
+    from engine.backends import vllm_local
+    from rewards import RewardResult
+
+    monkeypatch.setattr(vllm_local, "VLLMBackend", _RecordingBackend)
+    monkeypatch.setattr(vllm_local, "is_cpu_platform", lambda: True)
+    monkeypatch.setattr("engine.model.resolve_model_path", lambda path: "tiny-model")
+    monkeypatch.setattr(bench, "lora_shapes", lambda path: {"num_layers": 1, "hidden": 16, "kv_dim": 8})
+    monkeypatch.setattr(bench, "load_questions", lambda path, n: [(f"1 + {i} - {i}?", "1") for i in range(n)])
+    monkeypatch.setattr(rewards, "reward", lambda texts, refs: [RewardResult(1.0, "1", "correct") for _ in texts])
+    cfg = OmegaConf.load(REPO / "conf" / "bench.yaml")
+    cfg.pop("hydra")
+    cfg.merge_with({"populations": [2, 3], "phases_population": 2, "prompts_per_candidate": 2, "max_tokens": 4,
+                    "repeats": 11, "naive": {"enabled": False}, "output": str(tmp_path / "bench.json"),
+                    "lora": {"rank": 4}})
+    bench.main(cfg)
+    used = _RecordingBackend.last.weights_by_id
+    reused = {i: len(w) for i, w in used.items() if len(w) != 1}
+    assert not reused, f"LoRA ids served with more than one adapter file: {reused}"
+    # warm-up (2) + P=2 x 11 repeats + its load probe (2) + P=3 x 11 repeats, each a fresh id
+    assert len(used) == 2 + 2 * 11 + 2 + 3 * 11
