@@ -32,6 +32,7 @@ samples, so pass@k never falls as k grows (engine/passk.py); the summary counts 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,7 +68,8 @@ class EvalCommandConfig:
     ks: pass@k for these k, each in [1, n]; null = 1, 2, 4, ... up to n, plus n.
     max_tokens: new tokens per completion.
     seed: sampling seed (request i of a pass uses seed + i).
-    lora_rank: the engine's max_lora_rank; null = largest ``r`` among the adapters' adapter_config.json.
+    lora_rank: the engine's max_lora_rank; null = the largest rank among the adapters (``r`` and
+      ``rank_pattern`` of their adapter_config.json, :func:`adapter_rank`).
     output_dir: where results go; null = Hydra's run directory.
     save_completions: also write ``eval_samples.parquet`` (one row per completion; large for big n).
     label: name shown in reports; null = model and task.
@@ -154,12 +156,44 @@ def resolve_conditions(spec, include_base: bool = True) -> dict[str, Path | None
     return conds
 
 
+# PEFT LoraConfig fields (peft/tuners/lora/config.py) as essa eval's vLLM engine serves them
+# (vLLM 0.32, vllm/lora/peft_helper.py and lora_model.py). Served: ``r`` with ``rank_pattern`` (the
+# engine's max_lora_rank must cover the largest), ``lora_alpha`` with ``alpha_pattern`` and
+# ``use_rslora`` (per-module scaling alpha / r or alpha / sqrt(r)), ``target_modules`` as a list or a
+# regex string (vLLM takes the adapted modules from the weight names). Not served, so refused here
+# with one line instead of failing inside the engine or being dropped: DoRA, ``modules_to_save``
+# (whole trained modules), adapter biases.
+_REFUSED = {
+    "use_dora": ("DoRA (use_dora=true)", "merge it into the base model (peft merge_and_unload) and evaluate that "
+                 "model, or train a plain LoRA"),
+    "modules_to_save": ("fully trained modules (modules_to_save={value!r})", "merge the adapter into the base model "
+                        "(peft merge_and_unload) and evaluate that model, or export it without modules_to_save"),
+    "bias": ("trained biases (bias={value!r})", "merge the adapter into the base model (peft merge_and_unload), or "
+             "train with bias=\"none\""),
+    "lora_bias": ("LoRA biases (lora_bias=true)", "merge the adapter into the base model (peft merge_and_unload), or "
+                  "train with lora_bias=false"),
+}
+
+
+def _bad_pattern(pattern, number: type | tuple) -> bool:
+    """True unless ``pattern`` is None or a {module-name pattern: positive number} dict."""
+    if pattern is None:
+        return False
+    return not isinstance(pattern, dict) or any(
+        not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, number) or v <= 0 for k, v in pattern.items())
+
+
 def adapter_rank(path: Path) -> int:
-    """LoRA rank ``r`` recorded in an adapter's adapter_config.json.
+    """Largest LoRA rank an adapter uses: max(``r``, ``rank_pattern`` values) of its adapter_config.json.
+
+    Also checks that essa eval's vLLM engine serves every PEFT feature the config turns on (the
+    comment above ``_REFUSED``: ``rank_pattern``, ``alpha_pattern``, ``use_rslora`` and a regex
+    ``target_modules`` work; DoRA, ``modules_to_save`` and biases are refused), so none is ignored.
 
     Raises:
-        ValueError: the file is not valid JSON or has no positive integer ``r`` (the message names
-            the file and ``adapters``).
+        ValueError: one line naming the file, the field and the fix: invalid JSON, no positive
+            integer ``r``, a malformed ``rank_pattern``/``alpha_pattern``/``target_modules``, or a
+            feature vLLM does not serve.
     """
     f = Path(path) / "adapter_config.json"
     try:
@@ -170,7 +204,23 @@ def adapter_rank(path: Path) -> int:
     if isinstance(r, bool) or not isinstance(r, int) or r < 1:
         raise ValueError(f"adapters: {f} has no positive integer LoRA rank \"r\" (got {r!r}); re-export the adapter "
                          f"or add its rank, e.g. \"r\": 8")
-    return r
+    for name, number in (("rank_pattern", int), ("alpha_pattern", (int, float))):
+        if _bad_pattern(conf.get(name), number):
+            raise ValueError(f"adapters: {f} has {name}={conf.get(name)!r}; it must map module names to positive "
+                             f"{'integer ranks' if number is int else 'alphas'}, e.g. {{\"q_proj\": 16}}; fix or "
+                             f"re-export the adapter")
+    for name, (what, fix) in _REFUSED.items():
+        value = conf.get(name)
+        if value not in (None, False, [], "none"):
+            raise ValueError(f"adapters: {f} uses {what.format(value=value)}, which vLLM does not serve; {fix}")
+    targets = conf.get("target_modules")
+    if isinstance(targets, str):
+        try:
+            re.compile(targets)
+        except re.error as e:
+            raise ValueError(f"adapters: {f} has target_modules={targets!r}, not a valid regex ({e}); "
+                             f"fix it or list the module names") from None
+    return max([r, *(conf.get("rank_pattern") or {}).values()])
 
 
 # --- validation and data -----------------------------------------------------------------------
@@ -390,7 +440,11 @@ def run_eval(cfg, out_dir: str | Path, backend=None, reward_fn=None) -> dict:
     if not problems:
         raise ValueError(f"split={cfg.split}: no problems to evaluate; check task and limit")
     adapter_paths = [p for p in conds.values() if p is not None]
-    rank = cfg.lora_rank or max([adapter_rank(p) for p in adapter_paths], default=8)
+    needed = max([adapter_rank(p) for p in adapter_paths], default=8)       # checks every adapter's config
+    if cfg.lora_rank and cfg.lora_rank < needed:
+        raise ConfigError(f"lora_rank={cfg.lora_rank} is below the largest adapter rank {needed} (r or rank_pattern); "
+                          f"set lora_rank=null or lora_rank>={needed}")
+    rank = cfg.lora_rank or needed
     refs = [None if p is None else AdapterRef(f"eval-{i}", lora_int_id(-1, i), str(p))
             for i, p in enumerate(conds.values())]
     log.info("eval on %s/%s: %d problems x %d conditions (%s), greedy%s", cfg.task.name, cfg.split, len(problems),

@@ -205,3 +205,64 @@ def test_summary_pass_at_k_one_problem_set_and_positive_zero():
                     [1, 2, 4], ["c"])["c"]
     assert row["pass_at_k"] == pytest.approx({"1": 0.25, "2": 5 / 12, "4": 0.5})
     assert row["pass_at_k_excluded"] == 0
+
+
+@pytest.mark.parametrize("extra,rank", [
+    ({}, 8),                                                           # plain LoRA: r
+    ({"rank_pattern": {"q_proj": 32, "v_proj": 16}}, 32),              # per-module ranks above r: the largest
+    ({"rank_pattern": {}, "alpha_pattern": {"o_proj": 64}}, 8),        # served by vLLM (per-module scaling)
+    ({"use_rslora": True}, 8),                                         # served (scaling alpha / sqrt(r))
+    ({"target_modules": r".*\.(q_proj|v_proj)"}, 8),                   # regex string: vLLM reads the weight names
+    ({"use_dora": False, "modules_to_save": None, "bias": "none"}, 8),  # PEFT's defaults written out
+])
+def test_adapter_rank_serves_peft_features(tmp_path, extra, rank):
+    from engine.evaluate import adapter_rank
+
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 16, **extra}))
+    assert adapter_rank(tmp_path) == rank
+
+
+@pytest.mark.parametrize("extra,field", [
+    ({"use_dora": True}, "use_dora"),                                  # DoRA: vLLM has no DoRA layers
+    ({"modules_to_save": ["lm_head"]}, "modules_to_save"),             # whole trained modules
+    ({"bias": "lora_only"}, "bias"),                                   # trained biases
+    ({"bias": "all"}, "bias"),
+    ({"lora_bias": True}, "lora_bias"),
+    ({"rank_pattern": {"q_proj": 0}}, "rank_pattern"),                 # not a positive rank
+    ({"rank_pattern": ["q_proj"]}, "rank_pattern"),                    # not a dict
+    ({"alpha_pattern": {"q_proj": "big"}}, "alpha_pattern"),
+    ({"target_modules": "(q_proj"}, "target_modules"),                 # not a valid regex
+])
+def test_adapter_rank_refuses_unserved_peft_features_in_one_line(tmp_path, extra, field):
+    from engine.evaluate import adapter_rank
+
+    f = tmp_path / "adapter_config.json"
+    f.write_text(json.dumps({"r": 8, "lora_alpha": 16, **extra}))
+    with pytest.raises(ValueError) as e:
+        adapter_rank(tmp_path)
+    msg = str(e.value)
+    assert field in msg and str(f) in msg and msg.startswith("adapters:") and "\n" not in msg
+
+
+def test_eval_engine_rank_covers_rank_pattern(tmp_path):
+    # issue 16: adapter_rank read only r, so an adapter with rank_pattern got too small a max_lora_rank
+    import engine.evaluate as ev
+
+    adapter = tmp_path / "third_party"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 16, "rank_pattern": {"q_proj": 64}}))
+    built = {}
+
+    def fake_build_backend(cfg, model_path, n_adapters, rank):
+        built["rank"] = rank
+        raise RuntimeError("stop before starting an engine")
+
+    cfg = compose_eval(["task.val_size=2", f"adapters=[{adapter}]"])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ev, "build_backend", fake_build_backend)
+        mp.setattr("engine.model.resolve_model_path", lambda path: str(path))
+        with pytest.raises(RuntimeError, match="stop before"):
+            run_eval(cfg, tmp_path / "out")
+    assert built["rank"] == 64
+    with pytest.raises(ConfigError, match="lora_rank=16 is below the largest adapter rank 64"):
+        run_eval(compose_eval(["task.val_size=2", f"adapters=[{adapter}]", "lora_rank=16"]), tmp_path / "out")
