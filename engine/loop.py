@@ -26,8 +26,9 @@ from . import io
 from .adapters import read_adapter, write_adapter
 from .backends import AdapterRef, Sampling, lora_int_id
 from .config import ConfigError, validate
+from .hardware import dtype_record, resolve_dtype
 from .model import resolve_model_path
-from .population import AdapterMeta, PopulationEvaluator
+from .population import AdapterMeta, PopulationEvaluator, question_z_fitness
 from .sft import warm_start
 from .tasks import Problem, Task, load_task
 
@@ -35,6 +36,7 @@ log = logging.getLogger("essa")
 
 CHECKPOINT = "checkpoint.pkl"
 CHECKPOINT_VERSION = 1
+VALIDATION_PROBLEMS = "validation_problems.parquet"
 # Fields whose change makes a checkpoint meaningless for the resumed run.
 RESUME_KEYS = ("model", "task", "lora", "sft", "strategy", "rollout", "seed")
 
@@ -103,12 +105,42 @@ def build_evaluator(cfg, model_path: str, codec, meta: AdapterMeta, tokenizer):
                                cfg.engine.adapter_dir)
 
 
-def validation(evaluator, conditions: dict[str, AdapterRef | None], val: list[Problem], cfg) -> dict[str, float]:
-    """Greedy held-out accuracy of each condition (adapter or None = base model), in one batch."""
+def validation(evaluator, conditions: dict[str, AdapterRef | None], val: list[Problem], cfg) -> dict[str, np.ndarray]:
+    """Greedy held-out rewards of each condition (adapter or None = base model), in one batch.
+
+    Returns:
+        ``{condition: (n,) float64}`` reward per held-out problem, in ``val`` order (NaN = could not
+        be scored; accuracy counts it as wrong). Per-problem results let two conditions be compared
+        on the same problems (engine/stats.py).
+    """
     sampling = Sampling(max_tokens=cfg.eval.max_tokens, temperature=0.0, n=1, seed=cfg.seed)
     names = list(conditions)
     rewards, *_ = evaluator.score([conditions[k] for k in names], val, sampling)
-    return {k: float(np.nan_to_num(rewards[i]).mean()) for i, k in enumerate(names)}
+    return {k: rewards[i].reshape(len(val), -1).mean(axis=1) for i, k in enumerate(names)}
+
+
+def generation_row(g: int, wall_s: float, result, P: int, sigma: float, t_ask: float, t_tell: float) -> dict:
+    """One metrics.parquet row: fitness of the P candidates, the centre (index P, when evaluated),
+    the signal diagnostics of engine/stats.py, tokens and seconds per phase."""
+    from .stats import prompts_disagreeing, split_half_rank_correlation, variance_ratio
+
+    fit, rewards = result.fitness[:P], result.rewards[:P]
+    ok = np.isfinite(fit).any()
+    tm = result.timings
+    row = {"generation": g, "wall_s": wall_s,
+           "fitness_mean": float(np.nanmean(fit)) if ok else float("nan"),
+           "fitness_max": float(np.nanmax(fit)) if ok else float("nan"),
+           "fitness_min": float(np.nanmin(fit)) if ok else float("nan"),
+           "fitness_std": float(np.nanstd(fit)) if ok else float("nan"),
+           "fitness_center": float(result.fitness[P]) if len(result.fitness) > P else float("nan"),
+           "split_half_rho": split_half_rank_correlation(rewards), "variance_ratio": variance_ratio(rewards),
+           "prompts_disagreeing": prompts_disagreeing(rewards),
+           "n_failed": int((~np.isfinite(fit)).sum()), "sigma": float(sigma),
+           "tokens": result.tokens, "tokens_per_s": result.tokens / max(tm.get("generate", 0.0), 1e-9),
+           "t_ask": t_ask, "t_decode": tm.get("decode", 0.0), "t_write": tm.get("write", 0.0),
+           "t_generate": tm.get("generate", 0.0), "t_reward": tm.get("reward", 0.0), "t_tell": t_tell}
+    row.update({f"t_{k}": v for k, v in tm.items() if f"t_{k}" not in row})
+    return row
 
 
 def _truncate_logs(run_dir: Path, generation: int) -> None:
@@ -119,6 +151,9 @@ def _truncate_logs(run_dir: Path, generation: int) -> None:
     vrows = [r for r in io.read_rows(run_dir / "validation.parquet") if r["step"] <= generation + 1]
     if vrows:
         io.write_parquet(run_dir / "validation.parquet", vrows)
+    prows = [r for r in io.read_rows(run_dir / VALIDATION_PROBLEMS) if r["step"] <= generation + 1]
+    if prows:
+        io.write_parquet(run_dir / VALIDATION_PROBLEMS, prows)
     for f in (run_dir / "rollouts").glob("gen_*.parquet"):
         if int(f.stem.split("_")[1]) > generation:
             f.unlink()
@@ -161,12 +196,14 @@ def run_train(cfg, run_dir: str | Path) -> dict:
     strategy_cls = get_strategy(cfg.strategy._target_ or cfg.strategy.name)  # fail fast, before SFT
     check_strategy_options(strategy_cls, cfg)
     model_path = resolve_model_path(cfg.model.path)
+    dtype, dtype_reason = resolve_dtype(cfg.model.dtype)  # vLLM's; logs one line
+    sft_dtype, _ = resolve_dtype(cfg.model.dtype, purpose="training", log_choice=False)
     task: Task = load_task(cfg.task)
     if task.skipped:
         log.warning("task %s: skipped rows without a usable answer: %s", task.name, task.skipped)
     log.info("task %s: %d train / %d val problems", task.name, len(task.train), len(task.val))
 
-    sft_dir = warm_start(model_path, task.train, cfg.sft, cfg.lora, cfg.task.system_prompt)
+    sft_dir = warm_start(model_path, task.train, cfg.sft, cfg.lora, cfg.task.system_prompt, dtype=sft_dtype)
     # The run clock (wall_s, seconds) starts here, after the SFT warm start that ESSA, GRPO and
     # F-GRPO share (engine/grpo.py starts its clock at the same point): it includes building the
     # genome and the strategy, vLLM start-up, the baselines, every generation and validation.
@@ -188,7 +225,9 @@ def run_train(cfg, run_dir: str | Path) -> dict:
 
     method = "essa" if cfg.strategy.genome.kind == "svd_lora" else str(cfg.strategy.name)
     if ckpt is None:
-        io.write_json(run_dir / "run.json", _run_meta(cfg, method, model_path, codec.dim, sft_dir))
+        run_meta = _run_meta(cfg, method, model_path, codec.dim, sft_dir)
+        run_meta["dtype"] = dtype_record(cfg.model.dtype, dtype, dtype_reason)
+        io.write_json(run_dir / "run.json", run_meta)
 
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -200,15 +239,20 @@ def run_train(cfg, run_dir: str | Path) -> dict:
                                       seed=cfg.seed * 1_000_003 + g * 10_007)
     metrics = io.read_rows(run_dir / "metrics.parquet")
     vrows = io.read_rows(run_dir / "validation.parquet")
+    prows = io.read_rows(run_dir / VALIDATION_PROBLEMS)
     P = cfg.strategy.population_size
 
-    def add_validation(step: int, accs: dict[str, float]) -> None:
+    def add_validation(step: int, per_problem: dict[str, np.ndarray]) -> None:
         wall = time.perf_counter() - t_start
-        for cond, acc in accs.items():
+        for cond, rewards in per_problem.items():
+            acc = float(np.nan_to_num(rewards).mean())
             vrows.append({"step": step, "wall_s": wall, "condition": cond, "accuracy": acc,
                           "n_problems": len(task.val), "method": method})
+            prows.extend({"step": step, "condition": cond, "problem_id": p.id, "reward": float(x)}
+                         for p, x in zip(task.val, rewards))
             log.info("validation step %d: %s accuracy %.3f (%d problems)", step, cond, acc, len(task.val))
         io.write_parquet(run_dir / "validation.parquet", vrows)
+        io.write_parquet(run_dir / VALIDATION_PROBLEMS, prows)
 
     def save_checkpoint() -> None:
         state.wall_s = time.perf_counter() - t_start
@@ -216,45 +260,40 @@ def run_train(cfg, run_dir: str | Path) -> dict:
                                                "run_state": state, "strategy": strategy.state_dict(),
                                                "data_cursor": state.generation + 1})
 
-    def mean_ref(g: int) -> AdapterRef:
-        return evaluator.write_candidates(strategy.mean[None, :], generation=g, first_candidate=P)[0]
+    def mean_ref(g: int) -> AdapterRef:  # index P is the centre evaluated in generation g: use P + 1
+        return evaluator.write_candidates(strategy.mean[None, :], generation=g, first_candidate=P + 1)[0]
 
     try:
         if ckpt is None and cfg.eval.baselines:
             add_validation(0, validation(evaluator, {"no_adapter": None, "sft": sft_ref}, task.val, cfg))
         for g in range(state.generation + 1, cfg.generations):
             t0 = time.perf_counter()
-            genomes = strategy.ask()
+            genomes = strategy.ask()  # (P, D)
             t_ask = time.perf_counter() - t0
             batch = minibatch(task.train, cfg.rollout.prompts_per_generation, cfg.seed, g)
-            result = evaluator.evaluate(genomes, batch, g, sampling_for(g))
+            # the centre (the mean genome, index P) shares the prompts and sampling seeds: a paired control
+            evaluated = np.vstack([genomes, strategy.mean[None, :]]) if cfg.rollout.center else genomes
+            result = evaluator.evaluate(evaluated, batch, g, sampling_for(g))
+            fit = result.fitness[:P]  # (P,) mean reward of each candidate
             t1 = time.perf_counter()
-            if np.isfinite(result.fitness).any():
-                strategy.tell(genomes, result.fitness)
+            if np.isfinite(fit).any():
+                shaped = fit if cfg.rollout.aggregate == "mean" else question_z_fitness(result.rewards[:P])
+                strategy.tell(genomes, shaped)
             else:  # nothing scorable: an update would be meaningless; the next ask re-samples
                 log.warning("gen %d: no candidate could be scored (all fitness NaN); strategy not updated", g)
             t_tell = time.perf_counter() - t1
-            fit = result.fitness
             if np.isfinite(fit).any() and np.nanmax(fit) > state.best_fitness:
                 k = int(np.nanargmax(fit))
                 state.best_fitness, state.best_genome, state.best_generation = float(fit[k]), genomes[k].copy(), g
+            result.rollouts["center"] = [c == P for c in result.rollouts["candidate"]]
             io.write_parquet(run_dir / "rollouts" / f"gen_{g:06d}.parquet", result.rollouts)
-            tm = result.timings
-            row = {"generation": g, "wall_s": time.perf_counter() - t_start,
-                   "fitness_mean": float(np.nanmean(fit)) if np.isfinite(fit).any() else float("nan"),
-                   "fitness_max": float(np.nanmax(fit)) if np.isfinite(fit).any() else float("nan"),
-                   "fitness_min": float(np.nanmin(fit)) if np.isfinite(fit).any() else float("nan"),
-                   "fitness_std": float(np.nanstd(fit)) if np.isfinite(fit).any() else float("nan"),
-                   "n_failed": int((~np.isfinite(fit)).sum()), "sigma": float(strategy.sigma),
-                   "tokens": result.tokens, "tokens_per_s": result.tokens / max(tm.get("generate", 0.0), 1e-9),
-                   "t_ask": t_ask, "t_decode": tm.get("decode", 0.0), "t_write": tm.get("write", 0.0),
-                   "t_generate": tm.get("generate", 0.0), "t_reward": tm.get("reward", 0.0), "t_tell": t_tell}
-            row.update({f"t_{k}": v for k, v in tm.items() if f"t_{k}" not in row})
+            row = generation_row(g, time.perf_counter() - t_start, result, P, strategy.sigma, t_ask, t_tell)
             metrics.append(row)
             io.write_parquet(run_dir / "metrics.parquet", metrics)
-            log.info("gen %d (%d of %d)  fitness mean %.3f max %.3f min %.3f  sigma %.4f  %d tok  %.0f tok/s  %.1fs",
-                     g, g + 1, cfg.generations, row["fitness_mean"], row["fitness_max"], row["fitness_min"],
-                     row["sigma"], row["tokens"], row["tokens_per_s"], row["t_generate"])
+            log.info("gen %d (%d of %d)  fitness mean %.3f max %.3f centre %.3f  split-half rho %.2f  "
+                     "sigma %.4f  %d tok  %.0f tok/s  %.1fs", g, g + 1, cfg.generations, row["fitness_mean"],
+                     row["fitness_max"], row["fitness_center"], row["split_half_rho"], row["sigma"],
+                     row["tokens"], row["tokens_per_s"], row["t_generate"])
             state.generation = g
             over = cfg.time_budget_s is not None and time.perf_counter() - t_start >= cfg.time_budget_s
             last = g == cfg.generations - 1 or over
@@ -287,17 +326,22 @@ def run_train(cfg, run_dir: str | Path) -> dict:
         add_validation(final_step, validation(evaluator, conds, task.val, cfg))
     evaluator.close()
 
-    table = _final_table(vrows)
-    print(_format_table(table, len(task.val), task.name))
-    io.write_json(run_dir / "summary.json", {"val": table, "n_problems": len(task.val), "task": task.name,
-                                             "generations": final_step, "wall_s": time.perf_counter() - t_start})
+    from .stats import format_summary, latest_per_problem, summarise_conditions
+
+    stats = summarise_conditions(_ordered(latest_per_problem(prows)))
+    print(format_summary(stats, task.name))
+    io.write_json(run_dir / "summary.json", {"val": stats["accuracy"], "val_ci95": stats["ci"],
+                                             "paired_vs_sft": stats["paired"], "n_problems": len(task.val),
+                                             "task": task.name, "generations": final_step,
+                                             "wall_s": time.perf_counter() - t_start})
     if cfg.report:
         try:
             from .report import make_report
             make_report([run_dir], run_dir / "report")
         except ImportError:
             log.info("report module not available; skipping figures")
-    return {"val": table, "n_problems": len(task.val), "run_dir": str(run_dir)}
+    return {"val": stats["accuracy"], "val_ci95": stats["ci"], "paired_vs_sft": stats["paired"],
+            "n_problems": len(task.val), "run_dir": str(run_dir)}
 
 
 def _genome_kwargs(cfg) -> dict:
@@ -319,19 +363,7 @@ def _run_meta(cfg, method: str, model_path: str, dim: int, sft_dir) -> dict:
             "config": OmegaConf.to_container(cfg, resolve=True)}
 
 
-def _final_table(vrows: list[dict]) -> dict[str, float]:
-    """Latest accuracy per condition, in the order no_adapter, sft, mean, best."""
-    latest: dict[str, float] = {}
-    for r in sorted(vrows, key=lambda r: r["step"]):
-        latest[r["condition"]] = r["accuracy"]
+def _ordered(per_problem: dict) -> dict:
+    """Conditions in the order no_adapter, sft, mean, best (then any other)."""
     order = ["no_adapter", "sft", "mean", "best"]
-    return {k: latest[k] for k in order if k in latest}
-
-
-def _format_table(table: dict[str, float], n: int, task: str) -> str:
-    names = {"no_adapter": "no adapter", "sft": "SFT warm start", "mean": "after ES (mean genome)",
-             "best": "after ES (best candidate)"}
-    lines = [f"\nheld-out accuracy on {task} ({n} problems, greedy)", f"{'condition':<28}{'accuracy':>10}{'correct':>10}"]
-    for k, v in table.items():
-        lines.append(f"{names.get(k, k):<28}{v:>10.3f}{round(v * n):>10d}")
-    return "\n".join(lines)
+    return {k: per_problem[k] for k in sorted(per_problem, key=lambda k: order.index(k) if k in order else 9)}

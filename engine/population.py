@@ -78,6 +78,21 @@ def aggregate_fitness(rewards: np.ndarray) -> np.ndarray:
     return np.where(n > 0, total / np.maximum(n, 1), np.nan)
 
 
+def question_z_fitness(rewards: np.ndarray) -> np.ndarray:
+    """(P, N, G) rewards -> (P,) mean of per-prompt z-scores across the population (EGGROLL, arXiv
+    2511.16652, §4: rewards normalised per question before averaging).
+
+    Each prompt's rewards (over candidates and samples) are centred and divided by their standard
+    deviation; prompts on which every candidate scores the same contribute 0. NaN (unscorable)
+    stays NaN and is skipped like in :func:`aggregate_fitness`.
+    """
+    r = np.asarray(rewards, dtype=float)
+    mu = np.nanmean(r, axis=(0, 2), keepdims=True)  # (1, N, 1)
+    sd = np.nanstd(r, axis=(0, 2), keepdims=True)
+    z = np.where(sd > 0, (r - mu) / np.where(sd > 0, sd, 1.0), np.where(np.isnan(r), np.nan, 0.0))
+    return aggregate_fitness(z)
+
+
 class PopulationEvaluator:
     """Turns genomes into fitness with one back-end call per generation.
 

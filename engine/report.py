@@ -10,7 +10,8 @@ Figures (matplotlib, Agg; a figure whose data no run has is skipped, and report.
 
 | file | x | y |
 |---|---|---|
-| ``fitness.png`` | generation | fitness: mean line, min-max band, best so far (dashed) |
+| ``fitness.png`` | generation | fitness: mean line, min-max band, best so far (dashed), centre (dotted) |
+| ``signal.png`` | generation | split-half rank correlation of candidate fitness (near 0 = the ranking is noise) |
 | ``sigma.png`` | generation | strategy step size sigma (log scale) |
 | ``val_accuracy_generation.png`` | generation / training step | held-out accuracy per condition |
 | ``val_accuracy_wallclock.png`` | wall-clock seconds since the run started | held-out accuracy per condition |
@@ -47,6 +48,7 @@ CONDITION_STYLE = {  # marker, linestyle per validation condition
 }
 FIGURES = {  # file stem -> title (also the Markdown caption)
     "fitness": "Fitness per generation",
+    "signal": "Fitness signal: split-half rank correlation",
     "sigma": "Strategy step size",
     "val_accuracy_generation": "Held-out accuracy per generation",
     "val_accuracy_wallclock": "Held-out accuracy against wall-clock time",
@@ -197,6 +199,23 @@ def fig_fitness(runs: list[RunData], labels: list[str], colors: list):
             ax.fill_between(g, lo, hi, color=c, alpha=0.18, linewidth=0, label=f"{lab}: min-max")
             best = np.fmax.accumulate(hi)
             ax.plot(g, best, color=c, linestyle="--", label=f"{lab}: best so far")
+        center = _col(r.metrics, "fitness_center")
+        if center.size == g.size and np.isfinite(center).any():
+            ax.plot(g, center, color=c, linestyle=":", marker="s", markersize=3, label=f"{lab}: centre (mean genome)")
+    return _finish(fig, ax)
+
+
+def fig_signal(runs, labels, colors):
+    """Split-half rank correlation of candidate fitness per generation (is the ranking signal?)."""
+    have = [(r, lab, c) for r, lab, c in zip(runs, labels, colors) if _col(r.metrics, "split_half_rho").size]
+    if not have:
+        return None
+    fig, ax = _new_axes(FIGURES["signal"], "generation", "split-half rank correlation of fitness")
+    for r, lab, c in have:
+        g, rho = _col(r.metrics, "generation"), _col(r.metrics, "split_half_rho")
+        ax.plot(g, rho, color=c, label=lab, **_marker(len(g)))
+    ax.axhline(0.0, color="grey", linewidth=0.8)
+    ax.set_ylim(-1, 1)
     return _finish(fig, ax)
 
 
@@ -297,6 +316,7 @@ def fig_passk(runs, labels, colors):
 
 FIGURE_BUILDERS: dict[str, Callable] = {
     "fitness": fig_fitness,
+    "signal": fig_signal,
     "sigma": fig_sigma,
     "val_accuracy_generation": fig_val_generation,
     "val_accuracy_wallclock": fig_val_wallclock,
@@ -333,12 +353,14 @@ def final_accuracy(run: RunData) -> dict[str, tuple[float, int, int]]:
     return {c: latest[c] for c in order}
 
 
-def write_markdown(runs: list[RunData], figures: dict[str, Path], skipped: dict[str, str], out_dir: Path) -> Path:
-    """report.md: runs, final accuracy per condition, eval results, figure links."""
+def write_markdown(runs: list[RunData], figures: dict[str, Path], skipped: dict[str, str], out_dir: Path,
+                   preamble: list[str] | None = None) -> Path:
+    """report.md: ``preamble`` (Markdown lines, e.g. a sweep table), runs, final accuracy per
+    condition, eval results, figure links."""
     labels = _unique_labels(runs)
     rel = lambda p: os.path.relpath(p, out_dir)  # noqa: E731
-    lines = ["# Run report", "", "## Runs", "", "| run | method | task | generations | wall time (s) | directory |",
-             "|---|---|---|---|---|---|"]
+    lines = ["# Run report", "", *(preamble or []), "## Runs", "",
+             "| run | method | task | generations | wall time (s) | directory |", "|---|---|---|---|---|---|"]
     for r, lab in zip(runs, labels):
         gens = len(r.metrics) if r.metrics else "-"
         wall = max([x.get("wall_s") or 0.0 for x in r.metrics + r.validation], default=None)
@@ -381,18 +403,21 @@ def write_markdown(runs: list[RunData], figures: dict[str, Path], skipped: dict[
 
 
 SKIP_REASONS = {
-    "fitness": "no metrics.parquet", "sigma": "no sigma in metrics.parquet",
+    "fitness": "no metrics.parquet", "signal": "no split_half_rho in metrics.parquet", "sigma": "no sigma in metrics.parquet",
     "val_accuracy_generation": "no validation.parquet", "val_accuracy_wallclock": "no validation.parquet",
     "passk": "no eval_summary.json with n > 1", "throughput": "no tokens_per_s in metrics.parquet",
 }
 
 
-def make_report(run_dirs: list[Path], out_dir: Path) -> list[Path]:
+def make_report(run_dirs: list[Path], out_dir: Path, *, runs: list[RunData] | None = None,
+                preamble: list[str] | None = None) -> list[Path]:
     """Render the figures and report.md of one or more run directories into ``out_dir``.
 
     Args:
         run_dirs: run directories (train, grpo or eval output).
         out_dir: destination (created).
+        runs: the runs already loaded (then ``run_dirs`` is not read).
+        preamble: Markdown lines put at the top of report.md.
 
     Returns:
         Paths written: the PNG figures, then report.md.
@@ -401,7 +426,7 @@ def make_report(run_dirs: list[Path], out_dir: Path) -> list[Path]:
         ValueError: a path is not a run directory or holds a corrupt run file, or ``out_dir`` cannot
             be created (one-line messages).
     """
-    runs = [load_run(p) for p in run_dirs]
+    runs = [load_run(p) for p in run_dirs] if runs is None else runs
     out_dir = Path(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -428,21 +453,146 @@ def make_report(run_dirs: list[Path], out_dir: Path) -> list[Path]:
         fig.savefig(tmp)
         os.replace(tmp, path)
         written[name] = path
-    md = write_markdown(runs, written, skipped, out_dir)
+    md = write_markdown(runs, written, skipped, out_dir, preamble)
     log.info("report: %d figures and %s", len(written), md)
     return [*written.values(), md]
+
+
+# --- sweeps (essa train -m ...) ------------------------------------------------------------------
+
+@dataclass
+class SweepJob:
+    """One job of a Hydra sweep directory.
+
+    Attributes:
+        number: the job's directory name (its Hydra job number).
+        path: the job directory.
+        overrides: its task overrides (``.hydra/overrides.yaml``).
+        status: ``done`` (summary.json), ``failed`` (error.txt) or ``incomplete`` (running, killed).
+        accuracy: held-out accuracy of the final mean genome (``summary.json`` ``val.mean``), or NaN.
+        ci: (low, high) 95 % interval of that accuracy when summary.json has one (``val_ci95``), or None.
+        wall_s: run clock in seconds (summary.json, else the last logged ``wall_s``), or NaN.
+        error: the one-line error of a failed job ("" otherwise).
+    """
+
+    number: str
+    path: Path
+    overrides: list[str]
+    status: str
+    accuracy: float = float("nan")
+    ci: tuple[float, float] | None = None
+    wall_s: float = float("nan")
+    error: str = ""
+
+
+def is_sweep_dir(path: str | Path) -> bool:
+    """True for a Hydra multirun directory: not itself a run directory, with job directories
+    (sub-directories holding ``.hydra/``)."""
+    from .sweeps import job_dirs
+
+    path = Path(path)
+    return path.is_dir() and not any((path / f).is_file() for f in RUN_FILES) and bool(job_dirs(path))
+
+
+def _as_float(v) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def load_sweep(sweep_dir: str | Path) -> list[SweepJob]:
+    """Every job of a sweep directory, best first: finished jobs by accuracy (NaN last), then
+    incomplete, then failed jobs, each by job number.
+
+    Raises:
+        ValueError: ``sweep_dir`` has no job directories, or a job's summary.json is corrupt (the
+            message names the file).
+    """
+    from .sweeps import ERROR_FILE, job_dirs, job_overrides
+
+    jobs = []
+    for d in job_dirs(sweep_dir):
+        job = SweepJob(d.name, d, job_overrides(d), "incomplete")
+        if (d / ERROR_FILE).is_file():
+            job.status = "failed"
+            job.error = (d / ERROR_FILE).read_text(encoding="utf-8", errors="replace").strip().split("\n")[0]
+        elif (d / "summary.json").is_file():
+            summary = _read_json(d / "summary.json")
+            job.status = "done"
+            job.accuracy = _as_float((summary.get("val") or {}).get("mean"))
+            ci = (summary.get("val_ci95") or summary.get("val_ci") or {}).get("mean")
+            if isinstance(ci, (list, tuple)) and len(ci) == 2:
+                job.ci = (_as_float(ci[0]), _as_float(ci[1]))
+            job.wall_s = _as_float(summary.get("wall_s"))
+        if not np.isfinite(job.wall_s):
+            walls = [_as_float(r.get("wall_s")) for r in _read_parquet(d / "metrics.parquet")]
+            job.wall_s = max([w for w in walls if np.isfinite(w)], default=float("nan"))
+        jobs.append(job)
+    if not jobs:
+        raise ValueError(f"{sweep_dir} is not a sweep directory (no job directories with .hydra/); "
+                         f"pass multirun/<time> of an essa train -m run")
+    rank = {"done": 0, "incomplete": 1, "failed": 2}
+    return sorted(jobs, key=lambda j: (rank[j.status], -j.accuracy if np.isfinite(j.accuracy) else np.inf))
+
+
+def sweep_table(jobs: list[SweepJob]) -> list[str]:
+    """Markdown table of a sweep: job, overrides, status, final accuracy (with its 95 % interval
+    when known), wall time; one row per job in the given order."""
+    lines = ["| job | overrides | status | final accuracy (mean genome) | wall time (s) |", "|---|---|---|---|---|"]
+    for j in jobs:
+        acc = _fmt(j.accuracy)
+        if j.ci is not None and acc != "-":
+            acc += f" [{_fmt(j.ci[0])}, {_fmt(j.ci[1])}]"
+        status = f"failed: {j.error}" if j.status == "failed" else j.status
+        lines.append(f"| {j.number} | {' '.join(j.overrides) or '-'} | {status.replace('|', '/')} | {acc} | "
+                     f"{_fmt(j.wall_s, 1)} |")
+    return lines
+
+
+def make_sweep_report(sweep_dir: str | Path, out_dir: str | Path) -> list[Path]:
+    """report.md of a sweep (the :func:`sweep_table`, best first, then the usual run sections) and
+    the figures of every job that logged anything, overlaid (legend: job number and overrides).
+
+    Returns:
+        Paths written: the PNG figures, then report.md.
+
+    Raises:
+        ValueError: as :func:`load_sweep` and :func:`make_report`.
+    """
+    jobs = load_sweep(sweep_dir)
+    runs = []
+    for j in sorted(jobs, key=lambda j: (0, int(j.number)) if j.number.isdigit() else (1, j.number)):
+        if any((j.path / f).is_file() for f in RUN_FILES):
+            run = load_run(j.path)
+            run.label = f"job {j.number}: {' '.join(j.overrides) or 'defaults'}"
+            runs.append(run)
+    pre = [f"## Sweep {Path(sweep_dir)} ({len(jobs)} jobs, best first)", "", *sweep_table(jobs), ""]
+    return make_report([], Path(out_dir), runs=runs, preamble=pre)
 
 
 def cli(argv: list[str] | None = None) -> None:
     """``essa report RUN_DIR [RUN_DIR ...] [--out DIR]``: prints the paths written; exits 2 with one line
     on a bad path. Returns None (the console script passes main's return value to ``sys.exit``)."""
     parser = argparse.ArgumentParser(prog="essa report", description="PNG figures + report.md of run directories "
-                                     "(several runs are overlaid on one axis).")
+                                     "(several runs are overlaid on one axis), or of one sweep directory "
+                                     "(multirun/<time>: a table of all jobs, best first).")
     parser.add_argument("run_dirs", nargs="+", type=Path, help="run directories (essa train / grpo / eval)")
     parser.add_argument("--out", type=Path, default=None,
                         help="output directory (default: <run dir>/report for one run, "
                              "outputs/reports/<time> for several)")
     args = parser.parse_args(argv)
+    if len(args.run_dirs) == 1 and is_sweep_dir(args.run_dirs[0]):  # essa report multirun/<time>
+        try:
+            jobs = load_sweep(args.run_dirs[0])
+            print("\n".join(sweep_table(jobs)))
+            paths = make_sweep_report(args.run_dirs[0], args.out or args.run_dirs[0] / "report")
+        except (ValueError, FileNotFoundError) as e:
+            print(f"essa: error: {str(e).splitlines()[0]}", file=sys.stderr)
+            sys.exit(2)
+        for p in paths:
+            print(p)
+        return
     out = args.out or (args.run_dirs[0] / "report" if len(args.run_dirs) == 1
                        else Path("outputs") / "reports" / time.strftime("%Y-%m-%d_%H-%M-%S"))
     try:

@@ -1,0 +1,223 @@
+"""Statistics for honest comparisons: accuracy intervals, paired tests, fitness signal-to-noise.
+
+Accuracy of a condition on n held-out problems gets a Wilson score interval (Wilson 1927;
+Brown, Cai & DasGupta 2001 recommend it over the Wald interval for binomial proportions). Two
+conditions evaluated on the SAME problems are compared with a paired test: the exact McNemar test
+(McNemar 1947), a two-sided binomial test on the discordant pairs, which is what a per-problem
+0/1 comparison calls for. The fitness diagnostics tell whether a generation's ranking carries
+signal (issue 11): split-half rank correlation of candidate fitness and the population's fitness
+variance against the binomial variance N prompts give by chance.
+
+scipy.stats does the arithmetic (binomtest, spearmanr).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def wilson_interval(correct: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion.
+
+    Args:
+        correct: successes (0 <= correct <= n).
+        n: trials; n = 0 gives (nan, nan).
+        confidence: two-sided coverage.
+
+    Returns:
+        (low, high) as fractions in [0, 1].
+
+    Raises:
+        ValueError: correct outside [0, n].
+    """
+    if n == 0:
+        return float("nan"), float("nan")
+    if not 0 <= correct <= n:
+        raise ValueError(f"correct={correct} outside [0, n={n}]")
+    from scipy.stats import binomtest
+
+    ci = binomtest(int(correct), int(n)).proportion_ci(confidence_level=confidence, method="wilson")
+    return float(ci.low), float(ci.high)
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Two-sided exact McNemar p-value from the discordant counts.
+
+    Args:
+        b: problems the first condition solves and the second does not.
+        c: problems the second condition solves and the first does not.
+
+    Returns:
+        p-value in [0, 1]; 1.0 when there are no discordant pairs.
+    """
+    if b + c == 0:
+        return 1.0
+    from scipy.stats import binomtest
+
+    return float(binomtest(int(b), int(b + c), 0.5, alternative="two-sided").pvalue)
+
+
+def paired_comparison(treatment: np.ndarray, control: np.ndarray, confidence: float = 0.95) -> dict:
+    """Paired comparison of two conditions scored on the same problems.
+
+    Args:
+        treatment: (n,) per-problem reward in {0, 1} (NaN = unscorable, counted as 0).
+        control: (n,) the same problems under the control condition.
+        confidence: two-sided coverage of the difference's interval.
+
+    Returns:
+        ``{"diff", "ci_low", "ci_high", "b", "c", "n", "p_value"}``: diff = mean(treatment) -
+        mean(control); the interval is the normal approximation of the paired difference (it uses
+        the per-problem differences, so it is narrower than two independent intervals); b = problems
+        only the treatment solves, c = only the control; p from :func:`mcnemar_exact`.
+
+    Raises:
+        ValueError: the arrays differ in length (they must be the same problems).
+    """
+    t = np.nan_to_num(np.asarray(treatment, dtype=float)) > 0.5
+    k = np.nan_to_num(np.asarray(control, dtype=float)) > 0.5
+    if t.shape != k.shape:
+        raise ValueError(f"paired comparison needs the same problems: {t.shape} vs {k.shape}")
+    n = int(t.size)
+    b, c = int((t & ~k).sum()), int((~t & k).sum())
+    d = t.astype(float) - k.astype(float)
+    diff = float(d.mean()) if n else float("nan")
+    se = float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
+    from scipy.stats import norm
+
+    z = float(norm.ppf(0.5 + confidence / 2))
+    return {"diff": diff, "ci_low": diff - z * se, "ci_high": diff + z * se, "b": b, "c": c, "n": n,
+            "p_value": mcnemar_exact(b, c)}
+
+
+def split_half_rank_correlation(rewards: np.ndarray) -> float:
+    """Spearman correlation of candidate fitness between two halves of the minibatch.
+
+    A reliability measure of one generation's ranking: near 0 means the ranking is noise, near 1
+    that another minibatch would rank the candidates the same way. The halves are the even and the
+    odd prompt positions (the minibatch is already a random draw).
+
+    Args:
+        rewards: (P, N, G) or (P, N) rewards per candidate and prompt (NaN = unscorable).
+
+    Returns:
+        rho in [-1, 1]; NaN when P < 3, N < 2, or one half ranks every candidate equal.
+    """
+    r = np.asarray(rewards, dtype=float)
+    r = r.reshape(r.shape[0], r.shape[1], -1)  # (P, N, G)
+    if r.shape[0] < 3 or r.shape[1] < 2:
+        return float("nan")
+    halves = [np.nanmean(r[:, h::2, :].reshape(r.shape[0], -1), axis=1) for h in (0, 1)]  # 2 x (P,)
+    if any(np.ptp(np.nan_to_num(x)) == 0 for x in halves):
+        return float("nan")
+    from scipy.stats import spearmanr
+
+    ok = np.isfinite(halves[0]) & np.isfinite(halves[1])
+    rho = spearmanr(halves[0][ok], halves[1][ok]).statistic
+    return float(rho)
+
+
+def variance_ratio(rewards: np.ndarray) -> float:
+    """Population fitness variance over the variance N prompts give by chance.
+
+    ratio = var_k(f_k) / (f_bar (1 - f_bar) / M), M = scorable completions per candidate; about 1
+    (or below) when candidates differ no more than coin flips at the population's mean accuracy
+    would, well above 1 when they really differ.
+
+    Args:
+        rewards: (P, N, G) or (P, N) rewards in [0, 1] (NaN = unscorable).
+
+    Returns:
+        The ratio (float); NaN when P < 2 or f_bar is 0 or 1.
+    """
+    r = np.asarray(rewards, dtype=float).reshape(len(rewards), -1)  # (P, M)
+    if r.shape[0] < 2:
+        return float("nan")
+    f = np.nanmean(r, axis=1)
+    m = float(np.mean(np.isfinite(r).sum(axis=1)))
+    fbar = float(np.nanmean(f))
+    chance = fbar * (1 - fbar) / max(m, 1.0)
+    return float(np.nanvar(f, ddof=1) / chance) if chance > 0 else float("nan")
+
+
+def prompts_disagreeing(rewards: np.ndarray) -> int:
+    """Prompts on which not every candidate got the same mean reward (the prompts that rank).
+
+    Args:
+        rewards: (P, N, G) or (P, N).
+
+    Returns:
+        Count in [0, N].
+    """
+    r = np.asarray(rewards, dtype=float)
+    r = np.nan_to_num(r.reshape(r.shape[0], r.shape[1], -1).mean(axis=2), nan=-1.0)  # (P, N)
+    return int((r.max(axis=0) != r.min(axis=0)).sum())
+
+
+CONDITION_NAMES = {"no_adapter": "no adapter", "sft": "SFT warm start", "mean": "after ES (mean genome)",
+                   "best": "after ES (best candidate)", "final": "after GRPO"}
+
+
+def latest_per_problem(rows: list[dict]) -> dict[str, np.ndarray]:
+    """Per-problem rewards of each condition at its latest validation step.
+
+    Args:
+        rows: validation_problems.parquet rows ``{"step", "condition", "problem_id", "reward"}``.
+
+    Returns:
+        ``{condition: (n,) float64}``, problems in the order they were written (the val split's),
+        conditions in first-seen order.
+    """
+    last: dict[str, int] = {}
+    for r in rows:
+        last[r["condition"]] = max(last.get(r["condition"], -1), int(r["step"]))
+    out: dict[str, list[float]] = {}
+    for r in rows:
+        if int(r["step"]) == last[r["condition"]]:
+            out.setdefault(r["condition"], []).append(float(r["reward"]))
+    return {k: np.asarray(v, dtype=float) for k, v in out.items()}
+
+
+def summarise_conditions(per_problem: dict[str, np.ndarray], control: str = "sft",
+                         confidence: float = 0.95) -> dict:
+    """Accuracy, Wilson interval and the paired test against ``control`` for each condition.
+
+    Args:
+        per_problem: ``{condition: (n,) rewards}`` on the same n problems (see :func:`latest_per_problem`).
+        control: the condition the others are compared with (the SFT warm start).
+
+    Returns:
+        ``{"n_problems", "accuracy": {c: acc}, "ci": {c: [low, high]}, "correct": {c: k},
+        "paired": {c: paired_comparison(c, control)}}``; ``paired`` holds every condition other than
+        the control and the base model, and is empty without the control.
+    """
+    acc, ci, correct, paired = {}, {}, {}, {}
+    n = 0
+    for cond, r in per_problem.items():
+        ok = np.nan_to_num(np.asarray(r, dtype=float)) > 0.5
+        n = int(ok.size)
+        correct[cond] = int(ok.sum())
+        acc[cond] = correct[cond] / n if n else float("nan")
+        ci[cond] = list(wilson_interval(correct[cond], n, confidence))
+    if control in per_problem:
+        for cond, r in per_problem.items():
+            if cond not in (control, "no_adapter") and len(r) == len(per_problem[control]):
+                paired[cond] = paired_comparison(r, per_problem[control], confidence)
+    return {"n_problems": n, "accuracy": acc, "ci": ci, "correct": correct, "paired": paired}
+
+
+def format_summary(summary: dict, task: str, control: str = "sft") -> str:
+    """The final table printed at the end of a run: accuracy, 95 % interval, correct/n, and the
+    paired difference against ``control`` with its McNemar p-value."""
+    n = summary["n_problems"]
+    lines = [f"\nheld-out accuracy on {task} ({n} problems, greedy; 95% Wilson intervals; "
+             f"paired vs {CONDITION_NAMES.get(control, control)}: exact McNemar)",
+             f"{'condition':<28}{'accuracy':>9}  {'95% interval':<15}{'correct':>9}  {'paired diff':>11}  {'p':>7}"]
+    for cond, a in summary["accuracy"].items():
+        lo, hi = summary["ci"][cond]
+        pc = summary["paired"].get(cond)
+        extra = f"  {pc['diff']:>+11.3f}  {pc['p_value']:>7.3g}" if pc else ""
+        lines.append(f"{CONDITION_NAMES.get(cond, cond):<28}{a:>9.3f}  [{lo:.3f}, {hi:.3f}]  "
+                     f"{summary['correct'][cond]:>5d}/{n:<4d}{extra}")
+    return "\n".join(lines)
