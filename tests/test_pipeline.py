@@ -47,6 +47,7 @@ def full_run(tmp_path_factory) -> Path:
     proc = essa(run)
     out = finish(proc)
     assert proc.returncode == 0, out[-3000:]
+    (run / "stdout.txt").write_text(out)  # vLLM's engine-config line names the dtype it ran with
     return run
 
 
@@ -63,12 +64,49 @@ def test_run_outputs(full_run: Path):
     assert {(0, "no_adapter"), (0, "sft"), (1, "mean"), (2, "mean"), (2, "best")} <= conds
     assert all(v["n_problems"] == 4 for v in val)
     roll = pq.read_table(full_run / "rollouts" / "gen_000001.parquet").to_pylist()
-    assert len(roll) == 4 * 2  # P x N x G
-    assert {r["candidate"] for r in roll} == {0, 1, 2, 3}
+    assert len(roll) == (4 + 1) * 2  # (P + centre) x N x G
+    assert {r["candidate"] for r in roll} == {0, 1, 2, 3, 4}
+    # issue 11: the centre (index P) is a paired control: same prompts as every candidate, and its
+    # fitness is logged beside the population's with the signal diagnostics
+    prompts_of = lambda c: sorted(r["prompt_id"] for r in roll if r["candidate"] == c)  # noqa: E731
+    assert all(prompts_of(c) == prompts_of(4) for c in range(4))
+    assert [r["center"] for r in roll] == [r["candidate"] == 4 for r in roll]
+    centre_fitness = np.mean([r["reward"] for r in roll if r["candidate"] == 4])
+    assert metrics[1]["fitness_center"] == pytest.approx(centre_fitness)
+    for key in ("split_half_rho", "variance_ratio", "prompts_disagreeing"):
+        assert key in metrics[1]
+    assert 0 <= metrics[1]["prompts_disagreeing"] <= 2
     assert all(r["status"] in ("correct", "wrong", "no_answer", "timeout", "error") for r in roll)
     assert {"extracted_answer", "completion", "prompt_id", "reward"} <= set(roll[0])
     assert (full_run / "checkpoint.pkl").exists() and (full_run / "run.json").exists()
-    assert (full_run / "summary.json").exists()
+    # honest final statistics: per-problem validation rows, Wilson intervals, paired test vs the warm start
+    import json
+
+    prob = pq.read_table(full_run / "validation_problems.parquet").to_pylist()
+    final = [r for r in prob if r["step"] == 2 and r["condition"] == "mean"]
+    assert len(final) == 4 and all(r["reward"] in (0.0, 1.0) for r in final)
+    summary = json.loads((full_run / "summary.json").read_text())
+    lo, hi = summary["val_ci95"]["mean"]
+    assert 0.0 <= lo <= summary["val"]["mean"] <= hi <= 1.0
+    paired = summary["paired_vs_sft"]["mean"]
+    assert 0.0 <= paired["p_value"] <= 1.0 and paired["n"] == 4
+    assert paired["diff"] == pytest.approx(summary["val"]["mean"] - summary["val"]["sft"])
+
+
+def test_auto_dtype_resolves_here_and_the_engine_runs_with_it(full_run: Path):
+    # issue 10: model.dtype defaults to auto; this machine's choice is logged, recorded in run.json and
+    # is the dtype vLLM was started with (bf16 only where the CPU has AVX512-BF16/AMX, else float32).
+    import json
+
+    from engine.hardware import resolve_dtype
+
+    expected, reason = resolve_dtype("auto", log_choice=False)
+    rec = json.loads((full_run / "run.json").read_text())["dtype"]
+    assert rec["requested"] == "auto" and rec["dtype"] == expected and rec["reason"] == reason
+    assert rec["device"]["cpu"]["cores"] >= 1 and set(rec["device"]["cpu"]["flags"]) >= {"avx2", "amx_bf16"}
+    out = (full_run / "stdout.txt").read_text()
+    assert f"dtype auto -> {expected} ({reason})" in out
+    assert f"dtype=torch.{expected}" in out  # vLLM's "Initializing a V1 LLM engine ... with config:" line
 
 
 def test_export_loads_in_peft(full_run: Path):
