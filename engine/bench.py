@@ -329,7 +329,7 @@ def format_table(result: dict) -> str:
              f"greedy  rank={s['rank']}  fast_lora={s['fast_lora']}",
              f"machine: {result['machine']['cpu']}, {result['machine']['cores']} cores, vLLM {result['machine']['vllm']}, "
              f"torch {result['machine']['torch']}",
-             f"flags: {_flags_line(result['machine'])}; dtype {s['dtype']} ({s['dtype_reason']})",
+             f"flags: {_flags_line(result['machine'])}; dtype {s.get('dtype', '?')} ({s.get('dtype_reason', 'not recorded')})",
              "",
              f"{'P':>4} {'seqs':>5} | {'base tok/s':>10} {'pop tok/s':>10} {'naive tok/s':>11} | {'pop/base':>8} {'pop/naive':>9} "
              f"{'(cpu-time pop/base)':>19} | {'base s':>7} {'pop s':>7} {'naive s':>8}"]

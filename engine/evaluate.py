@@ -407,11 +407,12 @@ def _sample_rows(problems, names, passes: dict[str, PassResult]) -> list[dict]:
 def build_backend(cfg, model_path: str, n_adapters: int, rank: int):
     """One local vLLM engine sized for ``n_adapters`` adapters of rank <= ``rank`` (LoRA off when 0)."""
     from .backends.vllm_local import VLLMBackend
+    from .hardware import resolve_dtype
 
     e = cfg.engine
     extra = OmegaConf.to_container(e.extra, resolve=True) or {}
     return VLLMBackend(model_path, max_lora_rank=rank, max_loras=e.max_loras or max(1, n_adapters),
-                       max_model_len=cfg.model.max_model_len, dtype=cfg.model.dtype, seed=cfg.seed,
+                       max_model_len=cfg.model.max_model_len, dtype=resolve_dtype(cfg.model.dtype)[0], seed=cfg.seed,
                        gpu_memory_utilization=e.gpu_memory_utilization, kv_cache_gib=e.kv_cache_gib,
                        enforce_eager=e.enforce_eager, enable_lora=n_adapters > 0, max_num_seqs=e.max_num_seqs,
                        fast_lora=e.fast_lora, extra=extra)

@@ -479,6 +479,7 @@ def main(cfg, run_dir: str | Path) -> dict:
 
     from rewards import MathReward, TrlMathReward
 
+    from .hardware import dtype_record, resolve_dtype
     from .model import resolve_model_path
     from .sft import warm_start
     from .tasks import load_task
@@ -488,7 +489,8 @@ def main(cfg, run_dir: str | Path) -> dict:
     model_path = resolve_model_path(cfg.model.path)
     task = load_task(cfg.task)
     log.info("task %s: %d train / %d val problems", task.name, len(task.train), len(task.val))
-    sft_dir = warm_start(model_path, task.train, cfg.sft, cfg.lora, cfg.task.system_prompt)
+    dtype, dtype_reason = resolve_dtype(cfg.model.dtype, purpose="training")  # the policy's; logs one line
+    sft_dir = warm_start(model_path, task.train, cfg.sft, cfg.lora, cfg.task.system_prompt, dtype=dtype)
     # The clock starts where engine/loop.py's does: right after the shared SFT warm start.
     t_start = time.perf_counter()
 
@@ -497,7 +499,7 @@ def main(cfg, run_dir: str | Path) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16 if cuda else torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
     model = PeftModel.from_pretrained(base, str(sft_dir), is_trainable=True)
 
     rollouts = g.prompts_per_step * g.num_generations
@@ -511,7 +513,8 @@ def main(cfg, run_dir: str | Path) -> dict:
         use_vllm=use_vllm, vllm_mode="colocate", vllm_gpu_memory_utilization=g.vllm_gpu_memory_utilization,
         vllm_max_model_length=cfg.model.max_model_len, gradient_checkpointing=g.gradient_checkpointing,
         logging_steps=1, save_strategy="no", report_to=[], seed=cfg.seed, data_seed=cfg.seed,
-        use_cpu=not cuda, bf16=cuda, dataloader_num_workers=0, disable_tqdm=True, log_completions=False,
+        use_cpu=not cuda, bf16=dtype == "bfloat16", fp16=cuda and dtype == "float16", dataloader_num_workers=0,
+        disable_tqdm=True, log_completions=False,
     )
     train_rows = [{"prompt": chat_messages(p.question, cfg.task.system_prompt), "answer": p.answer}
                   for p in task.train]
@@ -522,8 +525,9 @@ def main(cfg, run_dir: str | Path) -> dict:
                           train_dataset=Dataset.from_list(train_rows), processing_class=tokenizer,
                           focal_gamma=g.focal_gamma, correct_threshold=g.correct_threshold)
 
-    io.write_json(run_dir / "run.json", _run_meta(cfg, method, model_path, sft_dir, trl_version,
-                                                  "vllm" if use_vllm else "transformers"))
+    run_meta = _run_meta(cfg, method, model_path, sft_dir, trl_version, "vllm" if use_vllm else "transformers")
+    run_meta["dtype"] = dtype_record(cfg.model.dtype, dtype, dtype_reason)  # the policy's (vLLM resolves auto itself)
+    io.write_json(run_dir / "run.json", run_meta)
     run = _Run(cfg, run_dir, t_start, method, task, tokenizer, MathReward(**reward_kwargs))
     trainer.add_callback(_run_logger_class()(run))
     log.info("%s: gamma %.2f, %d prompts x %d rollouts per step, up to %d steps%s, generation via %s",

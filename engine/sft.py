@@ -3,8 +3,11 @@
 Trained with TRL's ``SFTTrainer`` and peft (LoRA on q/k/v/o of every layer) on conversational
 prompt-completion rows (system prompt + question -> worked solution ending in ``\\boxed{}``), with
 the loss on the completion only. The finished adapter is cached under
-``$ESSA_CACHE/sft/<hash>`` where the hash covers the model, the task rows and every SFT/LoRA
-field, so a second run with the same config skips training.
+``$ESSA_CACHE/sft/<hash>`` where the hash covers the model, the task rows, every SFT/LoRA field and
+the training dtype (resolved from ``model.dtype`` before hashing: ``auto`` is float32 on every CPU,
+bf16/fp16 on GPUs, engine/hardware.py), so a second run with the same config skips training and a
+warm start trained in another dtype is never reused. float32 leaves the key as it was before the
+dtype entered it, so existing CPU caches stay valid.
 
 With ``sft.enabled=false`` the adapter is peft's initialisation (A Kaiming-uniform, B = 0), the
 no-warm-start variant of ESSA.
@@ -26,13 +29,20 @@ from .tasks import Problem
 log = logging.getLogger(__name__)
 
 
-def sft_hash(model_path: str, problems: list[Problem], sft_cfg, lora_cfg, system_prompt: str) -> str:
-    """Hex digest (16 chars) identifying a warm start: model, rows used, SFT and LoRA settings."""
+def sft_hash(model_path: str, problems: list[Problem], sft_cfg, lora_cfg, system_prompt: str,
+             dtype: str = "float32") -> str:
+    """Hex digest (16 chars) identifying a warm start: model, rows used, SFT and LoRA settings and the
+    training ``dtype`` (a resolved name, never "auto"; float32 adds nothing, so keys made before the
+    dtype was hashed stay valid; ignored with ``sft.enabled=false``, whose adapter is peft's init)."""
     h = hashlib.sha256()
     rows = [(p.id, p.question, p.solution) for p in problems]
     payload = {"model": model_path, "rows": rows, "system": system_prompt,
                "sft": {k: getattr(sft_cfg, k) for k in ("enabled", "max_steps", "batch_size", "lr", "max_length", "seed")},
                "lora": {"rank": lora_cfg.rank, "alpha": lora_cfg.alpha, "targets": list(lora_cfg.target_modules)}}
+    if dtype == "auto":
+        raise ValueError("sft_hash: resolve model.dtype first (engine.hardware.resolve_dtype); 'auto' differs by machine")
+    if sft_cfg.enabled and dtype != "float32":
+        payload["dtype"] = dtype
     h.update(json.dumps(payload, sort_keys=True, default=str).encode())
     return h.hexdigest()[:16]
 
@@ -44,7 +54,7 @@ def sft_examples(problems: list[Problem], sft_cfg) -> list[Problem]:
 
 
 def warm_start(model_path: str, problems: list[Problem], sft_cfg, lora_cfg, system_prompt: str,
-               out_dir: str | Path | None = None) -> Path:
+               out_dir: str | Path | None = None, dtype: str | None = None) -> Path:
     """Return a PEFT adapter directory holding the warm-start LoRA (trained or cached).
 
     Args:
@@ -53,6 +63,9 @@ def warm_start(model_path: str, problems: list[Problem], sft_cfg, lora_cfg, syst
         sft_cfg: ``engine.config.SFTConfig``. lora_cfg: ``engine.config.LoRAConfig``.
         system_prompt: the task's system message (the same one ES prompts use).
         out_dir: cache root; default ``$ESSA_CACHE/sft``.
+        dtype: training dtype of the base model ("float32", "bfloat16", "float16"); None = ``auto``
+            for training (:func:`engine.hardware.resolve_dtype`: float32 on CPU, bf16/fp16 on GPU).
+            The LoRA weights train and are saved in float32 whatever it is (peft upcasts them).
 
     Returns:
         The adapter directory (adapter_config.json + adapter_model.safetensors).
@@ -64,18 +77,21 @@ def warm_start(model_path: str, problems: list[Problem], sft_cfg, lora_cfg, syst
     if sft_cfg.enabled and not examples:
         raise ValueError("sft.enabled=true but the task has no worked solutions; set sft.enabled=false "
                          "or use a task whose rows carry solutions")
+    if dtype is None:
+        from .hardware import resolve_dtype
+        dtype, _ = resolve_dtype("auto", purpose="training", log_choice=False)
     root = Path(out_dir) if out_dir else cache_dir() / "sft"
-    key = sft_hash(model_path, examples, sft_cfg, lora_cfg, system_prompt)
+    key = sft_hash(model_path, examples, sft_cfg, lora_cfg, system_prompt, dtype)
     final = root / key
     if sft_cfg.cache and (final / "adapter_config.json").exists():
         log.info("SFT warm start: cached adapter %s", final)
         return final
     with atomic_dir(final) as tmp:
-        _train(model_path, examples, sft_cfg, lora_cfg, system_prompt, tmp)
+        _train(model_path, examples, sft_cfg, lora_cfg, system_prompt, tmp, dtype)
     return final
 
 
-def _train(model_path, examples, sft_cfg, lora_cfg, system_prompt, out: Path) -> None:
+def _train(model_path, examples, sft_cfg, lora_cfg, system_prompt, out: Path, dtype: str = "float32") -> None:
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -100,11 +116,11 @@ def _train(model_path, examples, sft_cfg, lora_cfg, system_prompt, out: Path) ->
         output_dir=str(out / "trainer"), max_steps=sft_cfg.max_steps, per_device_train_batch_size=sft_cfg.batch_size,
         learning_rate=sft_cfg.lr, lr_scheduler_type="constant", warmup_steps=0, max_length=sft_cfg.max_length,
         logging_steps=max(1, sft_cfg.max_steps // 10), save_strategy="no", report_to=[], seed=sft_cfg.seed,
-        use_cpu=not torch.cuda.is_available(), bf16=torch.cuda.is_available(), dataloader_num_workers=0,
+        use_cpu=not torch.cuda.is_available(), bf16=dtype == "bfloat16",
+        fp16=dtype == "float16" and torch.cuda.is_available(), dataloader_num_workers=0,
         completion_only_loss=True, disable_tqdm=False,
     )
-    model = AutoModelForCausalLM.from_pretrained(
-        model_path, dtype=torch.bfloat16 if torch.cuda.is_available() else torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
     t0 = time.perf_counter()
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
                          processing_class=tokenizer, peft_config=peft_cfg)
@@ -112,7 +128,7 @@ def _train(model_path, examples, sft_cfg, lora_cfg, system_prompt, out: Path) ->
     trainer.model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    meta = {"steps": sft_cfg.max_steps, "examples": len(examples), "seconds": time.perf_counter() - t0,
+    meta = {"steps": sft_cfg.max_steps, "examples": len(examples), "dtype": dtype, "seconds": time.perf_counter() - t0,
             "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
             "train_loss": result.training_loss}
     (out / "sft_meta.json").write_text(json.dumps(meta, indent=2))

@@ -458,3 +458,75 @@ def test_no_adapter_tokens_untouched_when_every_slot_is_full():
     torch.testing.assert_close(y_fast[base], y0[base], rtol=0, atol=0)
     torch.testing.assert_close(y_fast[~base], y_stock[~base], **FP32)
     assert not torch.allclose(y_stock[base], y0[base])  # the reference quirk, pinned to vLLM 0.32
+
+
+def _lm_head(slots: int, r: int, hidden: int, vocab: int, used_slot: int | None, seed: int):
+    """LoRA-A (L, 1, r, hidden) and B (L, 1, vocab, r) of the LM head, zero except ``used_slot``."""
+    g = _gen(seed)
+    a = torch.zeros(slots, 1, r, hidden)
+    b = torch.zeros(slots, 1, vocab, r)
+    if used_slot is not None:
+        a[used_slot] = torch.randn(1, r, hidden, generator=g) / hidden ** 0.5
+        b[used_slot] = torch.randn(1, vocab, r, generator=g)
+    return a, b
+
+
+@pytest.mark.parametrize("lm_head_slot", [None, 2])  # no adapter has lm_head weights / one not in the batch
+def test_logits_lora_skipped_when_no_request_targets_lm_head(monkeypatch, lm_head_slot):
+    # issue 10: add_lora_logits ran bgmv_shrink/expand over the whole vocabulary at every decode step
+    # although ESSA's adapters never target lm_head. Skipping must leave the logits bit for bit as
+    # vLLM's own wrapper leaves them, and must not call the kernels.
+    from engine.fast_lora import ops
+
+    # decode: one token per request; slot 2 (id 1003) not in the batch; the last slot empty (vLLM's
+    # torch ops give base-model tokens the last slot's delta)
+    mapping = [1001, 1002, 0, 1001]
+    stock, fast = _wrappers(mapping, mapping, [1001, 1002, 1003, None])
+    a, b = _lm_head(4, 8, 64, 500, lm_head_slot, seed=3)
+    x = torch.randn(4, 64, generator=_gen(4))
+    y0 = torch.randn(4, 500, generator=_gen(5))
+    y_stock, y_fast = y0.clone(), y0.clone()
+    stock.add_lora_logits(y_stock, x, a, b, 1.0)
+    calls = []
+    for name in ("bgmv_shrink", "bgmv_expand"):
+        monkeypatch.setattr(ops, name, lambda *args, _n=name, **kw: calls.append(_n))
+    fast.add_lora_logits(y_fast, x, a, b, 1.0)
+    assert calls == []
+    assert torch.equal(y_fast, y0) and torch.equal(y_stock, y0)
+
+
+def test_logits_lora_still_applied_when_a_request_targets_lm_head():
+    mapping = [1001, 1002, 0, 1001]
+    stock, fast = _wrappers(mapping, mapping, [1001, 1002, 1003])
+    a, b = _lm_head(3, 8, 64, 500, used_slot=1, seed=6)  # id 1002 has lm_head weights
+    x = torch.randn(4, 64, generator=_gen(7))
+    y0 = torch.randn(4, 500, generator=_gen(8))
+    y_stock, y_fast = y0.clone(), y0.clone()
+    stock.add_lora_logits(y_stock, x, a, b, 1.0)
+    fast.add_lora_logits(y_fast, x, a, b, 1.0)
+    torch.testing.assert_close(y_fast, y_stock, **FP32)
+    assert not torch.equal(y_fast[1], y0[1]) and torch.equal(y_fast[0], y0[0])  # only request 1002's row moves
+    b.zero_()  # the slot emptied in place: a new mapping (vLLM's update_metadata) must see it
+    fast.update_metadata(*_mapping_args(mapping, [1001, 1002, 1003]))
+    y_again = y0.clone()
+    fast.add_lora_logits(y_again, x, a, b, 1.0)
+    assert torch.equal(y_again, y0)
+
+
+def _mapping_args(mapping, lora_index_to_id):
+    from vllm.lora.layers.utils import LoRAMapping
+    return LoRAMapping(mapping, mapping, is_prefill=True), lora_index_to_id, len(lora_index_to_id) + 1, 1000
+
+
+def test_embedding_lora_skipped_without_embedding_weights(monkeypatch):
+    from engine.fast_lora import ops
+
+    mapping = [1001, 1001, 1002, 0]
+    stock, fast = _wrappers(mapping, mapping, [1001, 1002])
+    b = torch.zeros(2, 1, 32, 8)
+    x = torch.randn(4, 8, generator=_gen(9))
+    y0 = torch.randn(4, 32, generator=_gen(10))
+    y = y0.clone()
+    monkeypatch.setattr(ops, "bgmv_expand", lambda *args, **kw: pytest.fail("embedding LoRA ran on zero weights"))
+    fast.add_lora_embedding(y, x, b)
+    assert torch.equal(y, y0)

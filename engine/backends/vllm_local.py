@@ -58,7 +58,9 @@ class VLLMBackend:
         max_lora_rank: LoRA rank of the adapters; rounded up to a value vLLM accepts.
         max_loras: adapters resident in one batch; must cover the population (P).
         max_model_len: context length in tokens (prompt + completion).
-        dtype: "bfloat16", "float16", "float32" or "auto".
+        dtype: "bfloat16", "float16", "float32" or "auto" (resolved here, silently, by
+            :func:`engine.hardware.resolve_dtype` on this machine, not vLLM's "the checkpoint's dtype";
+            entry points resolve and log it themselves and pass the result).
         seed: engine seed.
         gpu_memory_utilization: on GPU the usual fraction; ignored on CPU (see kv_cache_gib).
         kv_cache_gib: CPU back-end KV cache size in GiB.
@@ -73,7 +75,7 @@ class VLLMBackend:
     """
 
     def __init__(self, model: str, max_lora_rank: int = 8, max_loras: int = 16, max_model_len: int = 1024,
-                 dtype: str = "bfloat16", seed: int = 0, gpu_memory_utilization: float = 0.85,
+                 dtype: str = "auto", seed: int = 0, gpu_memory_utilization: float = 0.85,
                  kv_cache_gib: float = 2.0, enforce_eager: bool = True, enable_lora: bool = True,
                  max_num_seqs: int = 256, fast_lora: bool = True, extra: dict | None = None):
         if max_loras < 1:
@@ -85,6 +87,10 @@ class VLLMBackend:
         os.environ["ESSA_FAST_LORA"] = "1" if (fast_lora and self.cpu) else "0"
         from vllm import LLM
 
+        if dtype == "auto":  # e.g. Ray actors: each resolves on its own node
+            from ..hardware import resolve_dtype
+            dtype, _ = resolve_dtype("auto", log_choice=False)
+        self.dtype = dtype
         kwargs = dict(model=model, dtype=dtype, seed=seed, max_model_len=max_model_len,
                       enforce_eager=enforce_eager, max_num_seqs=max_num_seqs)
         if not self.cpu:

@@ -310,6 +310,7 @@ class SlotWeightCache:
     def __init__(self) -> None:
         self._entries: dict[int, tuple] = {}
         self._units: dict[int, tuple] = {}
+        self._nonzero: dict[int, tuple] = {}
         self.epoch = 0
         self.builds = 0
 
@@ -317,7 +318,34 @@ class SlotWeightCache:
         """Drop every entry (slot contents changed)."""
         self._entries.clear()
         self._units.clear()
+        self._nonzero.clear()
         self.epoch += 1
+
+    def nonzero_slots(self, lora_a_stacked: Sequence[torch.Tensor],
+                      lora_b_stacked: Sequence[torch.Tensor]) -> torch.Tensor:
+        """(L,) bool: slot l can change the output, i.e. for some slice i both ``A_i[l]`` and
+        ``B_i[l]`` are non-zero (an adapter targeting the layer sits there). Empty ``lora_a_stacked``
+        (the embedding layer's LoRA, expand only) checks B alone. Cached like :meth:`get`.
+
+        Args:
+            lora_a_stacked: n tensors (L, ...) or none. lora_b_stacked: n tensors (L, ...).
+        """
+        first = lora_b_stacked[0]
+        key = id(first)
+        versions = self._versions((*lora_a_stacked, *lora_b_stacked))
+        hit = self._nonzero.get(key)
+        if hit is not None and hit[0]() is first and hit[1] == self.epoch and hit[2] == versions:
+            return hit[3]
+
+        def per_slot(t: torch.Tensor) -> torch.Tensor:  # (L,) bool
+            return t.reshape(t.shape[0], -1).ne(0).any(dim=1)
+
+        if lora_a_stacked:
+            nz = torch.stack([per_slot(a) & per_slot(b) for a, b in zip(lora_a_stacked, lora_b_stacked)]).any(dim=0)
+        else:
+            nz = torch.stack([per_slot(b) for b in lora_b_stacked]).any(dim=0)
+        self._nonzero[key] = (weakref.ref(first), self.epoch, versions, nz)
+        return nz
 
     @staticmethod
     def _versions(tensors: Sequence[torch.Tensor]) -> tuple | None:

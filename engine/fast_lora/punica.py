@@ -13,6 +13,12 @@ What is overridden (vLLM 0.32.0, ``vllm/lora/punica_wrapper/punica_cpu.py``):
   slots in one grouped pass (:func:`engine.fast_lora.ops.lora_linear`, tokens grouped once per
   LoRA mapping by :func:`engine.fast_lora.ops.plan_tokens`) instead of 2 x n gather-and-einsum
   calls. Inside a torch.compile trace it defers to vLLM's own implementation.
+- ``add_lora_logits`` (the LM head, every decode step) and ``add_lora_embedding``: skipped when no
+  request/token of the batch maps to a slot whose weights for that layer are non-zero
+  (:meth:`engine.fast_lora.ops.SlotWeightCache.nonzero_slots`): vLLM wraps the LM head whenever
+  LoRA is on, although ESSA's adapters (q/k/v/o) never target it, and the (T, L*r) @ (L*r, vocab)
+  expand over every slot cost as much as the rest of a decode step. Skipping adds exactly zero
+  less, so outputs are unchanged bit for bit.
 - ``add_shrink``, ``add_expand``, ``add_lora_embedding``, ``add_lora_logits``: the drop-in
   ``bgmv_*`` kernels of ``ops`` with per-token indices (prefill and decode alike: vLLM's v1
   runner always marks batches as prefill on CPU, and the per-token ids equal the exploded
@@ -53,6 +59,7 @@ class FastPunicaWrapperCPU(PunicaWrapperCPU):
         self._weights = ops.SlotWeightCache()
         self._slot_layout: tuple | None = None
         self._plans: dict[tuple, ops.TokenPlan] = {}
+        self._used: dict[str, bool] = {}
 
     # -- metadata ------------------------------------------------------------------------------
 
@@ -65,10 +72,22 @@ class FastPunicaWrapperCPU(PunicaWrapperCPU):
             self._weights.invalidate()
             self._slot_layout = layout
         self._plans.clear()
+        self._used.clear()
 
     def _skip(self) -> bool:
         """The whole batch is on the base model (vLLM's own early exit in prefill mode)."""
         return self.is_prefill and self.no_lora
+
+    def _uses_weights(self, kind: str, indices: torch.Tensor, lora_a_stacked: tuple[torch.Tensor, ...],
+                      lora_b_stacked: tuple[torch.Tensor, ...]) -> bool:
+        """True when an index of this step (``indices`` (T,), -1 = no adapter) points at a slot whose
+        weights are non-zero for this layer; decided once per step and ``kind`` ("logits", "embedding")."""
+        used = self._used.get(kind)
+        if used is None:
+            nz = self._weights.nonzero_slots(lora_a_stacked, lora_b_stacked)  # (L,)
+            idx = indices[indices >= 0]
+            used = self._used[kind] = bool(nz[idx].any()) if idx.numel() else False
+        return used
 
     def _plan(self, num_slots: int) -> ops.TokenPlan:
         """This step's token grouping (built on the first LoRA layer, reused by the others and by
@@ -134,15 +153,21 @@ class FastPunicaWrapperCPU(PunicaWrapperCPU):
 
     def add_lora_embedding(self, y: torch.Tensor, x: torch.Tensor, lora_b_stacked: torch.Tensor,
                            add_inputs: bool = True, **kwargs: Any) -> None:
-        """``y (+)= x @ B[idx]^T`` for the embedding layer's LoRA (expand only)."""
-        if self._skip():
+        """``y (+)= x @ B[idx]^T`` for the embedding layer's LoRA (expand only); nothing when no token
+        of the batch uses a slot with embedding weights."""
+        if self._skip() or (not _compiling()
+                            and not self._uses_weights("embedding", self.token_lora_indices, (), (lora_b_stacked,))):
             return
         ops.bgmv_expand(x, lora_b_stacked, y, self.token_lora_indices, add_inputs)
 
     def add_lora_logits(self, y: torch.Tensor, x: torch.Tensor, lora_a_stacked: torch.Tensor,
                         lora_b_stacked: torch.Tensor, scale, *, buffer: torch.Tensor | None = None,
                         **kwargs: Any) -> None:
-        """``y += (scale * x @ A[idx]^T) @ B[idx]^T`` per request (LM-head LoRA, sampler ids)."""
+        """``y += (scale * x @ A[idx]^T) @ B[idx]^T`` per request (LM-head LoRA, sampler ids); nothing
+        when no request of the batch uses a slot with LM-head weights (no adapter targets lm_head)."""
+        if not _compiling() and not self._uses_weights("logits", self.sampler_indices, (lora_a_stacked,),
+                                                       (lora_b_stacked,)):
+            return
         y2 = y.view(-1, y.shape[-1])
         x2 = x.view(-1, x.shape[-1])
         r = lora_b_stacked.size(-1)

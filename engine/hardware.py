@@ -1,0 +1,236 @@
+"""What the processor computes natively, and the compute dtype that follows (``model.dtype: auto``).
+
+bfloat16 halves memory traffic, but it is only fast where the hardware multiplies it natively. On a
+CPU without AVX512-BF16 or AMX, torch (oneDNN) emulates bf16 and fp16 GEMMs: a (200 x 576) @
+(576 x 1536) matmul on one thread took 350 ms in bf16 against 9 ms in fp32 on an AVX2 EPYC
+(issue 10), so a bf16 default made a run take hours there. :func:`resolve_dtype` is the one place
+that decides:
+
+* CPU, ``auto``: ``bfloat16`` where the CPU flags include ``avx512_bf16`` or ``amx_bf16``, else
+  ``float32``; for training (SFT warm start, GRPO) ``float32`` on every CPU (master weights and
+  optimiser state stay fp32 there, as before).
+* GPU, ``auto``: ``bfloat16`` where ``torch.cuda.is_bf16_supported()``, else ``float16``.
+* An explicit ``bfloat16``/``float16``/``float32`` always wins; bf16/fp16 on a CPU without native
+  bf16 logs a warning.
+
+The processor description is a small dataclass (:class:`DeviceInfo`) read from ``/proc/cpuinfo``
+(:func:`detect_device`), so tests pass fakes. Two environment variables that make torch/oneDNN
+use a smaller instruction set also cap the detected flags, so the choice follows what torch will
+really run: ``ONEDNN_MAX_CPU_ISA`` (e.g. ``AVX2``, ``AVX512_CORE``, ``AVX512_CORE_BF16``) and
+``ATEN_CPU_CAPABILITY`` (``avx2``, ``default``). Setting ``ATEN_CPU_CAPABILITY=avx2
+ONEDNN_MAX_CPU_ISA=AVX2`` emulates an AVX2-only machine on an AVX-512 one (docs/RESULTS.md).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Mapping
+
+log = logging.getLogger("essa.hardware")
+
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
+# The flags that decide the dtype (and that `essa bench` reports).
+KEY_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+# oneDNN ISA caps (ONEDNN_MAX_CPU_ISA) -> flag prefixes they switch off.
+_ONEDNN_CAPS = {
+    "SSE41": ("avx", "amx"), "AVX": ("avx2", "avx512", "amx"), "AVX2": ("avx512", "amx"),
+    "AVX2_VNNI": ("avx512", "amx"), "AVX2_VNNI_2": ("avx512", "amx"),
+    "AVX512_CORE": ("avx512_bf16", "avx512_fp16", "amx"), "AVX512_CORE_VNNI": ("avx512_bf16", "avx512_fp16", "amx"),
+    "AVX512_CORE_BF16": ("avx512_fp16", "amx"), "AVX512_CORE_FP16": ("amx",),
+}
+# ATEN_CPU_CAPABILITY values below AVX-512 -> flag prefixes torch's own kernels then do without.
+_ATEN_CAPS = {"default": ("avx", "amx"), "avx2": ("avx512", "amx")}
+
+
+@dataclass(frozen=True)
+class CPUInfo:
+    """A processor as far as the dtype choice is concerned.
+
+    Attributes:
+        model: model name (``/proc/cpuinfo`` "model name"), e.g. "Intel(R) Xeon(R) Processor".
+        flags: lower-case ISA flags as ``/proc/cpuinfo`` spells them (``avx2``, ``avx512_bf16``,
+            ``amx_bf16``, ...), after any cap from the environment.
+        cores: logical CPUs this process may use.
+        capped_by: the environment setting that removed flags (``"ONEDNN_MAX_CPU_ISA=AVX2"``), or None.
+    """
+
+    model: str
+    flags: frozenset[str]
+    cores: int
+    capped_by: str | None = None
+
+    @property
+    def native_bf16(self) -> bool:
+        """True when the CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX-BF16)."""
+        return "avx512_bf16" in self.flags or "amx_bf16" in self.flags
+
+    @property
+    def isa(self) -> str:
+        """The widest relevant instruction set: "AMX", "AVX512-BF16", "AVX-512", "AVX2" or "pre-AVX2"."""
+        if "amx_bf16" in self.flags:
+            return "AMX"
+        if "avx512_bf16" in self.flags:
+            return "AVX512-BF16"
+        if "avx512f" in self.flags:
+            return "AVX-512"
+        return "AVX2" if "avx2" in self.flags else "pre-AVX2"
+
+    def summary(self) -> dict:
+        """JSON-ready description: model, cores, isa, native_bf16, the KEY_FLAGS as booleans, capped_by."""
+        return {"model": self.model, "cores": self.cores, "isa": self.isa, "native_bf16": self.native_bf16,
+                "flags": {f: f in self.flags for f in KEY_FLAGS}, "capped_by": self.capped_by}
+
+    def flags_line(self) -> str:
+        """One line for tables: ``avx2 avx512f avx512_bf16 amx_bf16 amx_tile`` with absent flags as ``-flag``."""
+        return " ".join(f if f in self.flags else f"-{f}" for f in KEY_FLAGS)
+
+
+@dataclass(frozen=True)
+class GPUInfo:
+    """The first visible CUDA device. bf16: ``torch.cuda.is_bf16_supported()``."""
+
+    name: str
+    bf16: bool
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """Where the model computes: ``gpu`` None means the CPU back-end."""
+
+    cpu: CPUInfo
+    gpu: GPUInfo | None = None
+
+    def summary(self) -> dict:
+        """JSON-ready description of the CPU and, when present, the GPU."""
+        out = {"cpu": self.cpu.summary(), "gpu": None}
+        if self.gpu is not None:
+            out["gpu"] = {"name": self.gpu.name, "bf16": self.gpu.bf16}
+        return out
+
+
+def cap_flags(flags: frozenset[str], environ: Mapping[str, str]) -> tuple[frozenset[str], str | None]:
+    """Drop the flags that ``ONEDNN_MAX_CPU_ISA`` / ``ATEN_CPU_CAPABILITY`` in ``environ`` switch off.
+
+    Returns:
+        (remaining flags, "VAR=value" of the settings that removed any, or None).
+    """
+    removed: set[str] = set()
+    by = []
+    for var, table, norm in (("ONEDNN_MAX_CPU_ISA", _ONEDNN_CAPS, str.upper), ("ATEN_CPU_CAPABILITY", _ATEN_CAPS, str.lower)):
+        value = environ.get(var, "").strip()
+        prefixes = table.get(norm(value), ())
+        gone = {f for f in flags if f.startswith(prefixes)} if prefixes else set()
+        if gone:
+            removed |= gone
+            by.append(f"{var}={value}")
+    return frozenset(flags - removed), (" ".join(by) or None)
+
+
+def read_cpu_info(cpuinfo: str | Path = "/proc/cpuinfo", environ: Mapping[str, str] | None = None) -> CPUInfo:
+    """This machine's CPU from ``/proc/cpuinfo`` (first processor block), capped by ``environ``.
+
+    Args:
+        cpuinfo: path of a ``/proc/cpuinfo``-format file.
+        environ: environment to read the ISA caps from (default ``os.environ``).
+
+    Where the file is missing or unreadable (not Linux) the model is ``platform.processor()`` and
+    the flag set is empty, so ``auto`` chooses float32.
+    """
+    import platform
+
+    model, flags = None, frozenset()
+    try:
+        text = Path(cpuinfo).read_text(errors="replace")
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and model is None:
+            model = value.strip()
+        elif key in ("flags", "Features") and not flags:
+            flags = frozenset(value.lower().split())
+    model = model or platform.processor() or platform.machine()
+    flags, capped = cap_flags(flags, os.environ if environ is None else environ)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return CPUInfo(model=model, flags=flags, cores=cores, capped_by=capped)
+
+
+def detect_device() -> DeviceInfo:
+    """The CPU (:func:`read_cpu_info`) and, when torch sees CUDA, the first GPU."""
+    gpu = None
+    try:
+        import torch
+        if torch.cuda.is_available():
+            gpu = GPUInfo(name=torch.cuda.get_device_name(0), bf16=bool(torch.cuda.is_bf16_supported()))
+    except Exception:  # pragma: no cover - torch missing or a broken CUDA set-up: CPU
+        gpu = None
+    return DeviceInfo(cpu=read_cpu_info(), gpu=gpu)
+
+
+def canonical_dtype(requested: str) -> str:
+    """``requested`` as one of DTYPES (accepts bf16/fp16/half/fp32/float).
+
+    Raises:
+        ValueError: anything else (one line naming ``model.dtype`` and the allowed values).
+    """
+    name = str(requested).strip().lower()
+    name = _ALIASES.get(name, name)
+    if name not in DTYPES:
+        raise ValueError(f"model.dtype={requested!r}: use auto (chosen from the processor), bfloat16, float16 or float32")
+    return name
+
+
+def resolve_dtype(requested: str, device_info: DeviceInfo | None = None,
+                  purpose: Literal["inference", "training"] = "inference",
+                  log_choice: bool = True) -> tuple[str, str]:
+    """The compute dtype for ``model.dtype`` on this machine, and why.
+
+    Args:
+        requested: ``model.dtype``: "auto", "bfloat16", "float16" or "float32" (or bf16/fp16/fp32).
+        device_info: the processor (default :func:`detect_device`); tests pass fakes.
+        purpose: "inference" (vLLM, the naive bench loop) or "training" (SFT warm start, GRPO: on a
+            CPU ``auto`` keeps float32 there).
+        log_choice: log one line (INFO for ``auto``; WARNING for an explicit bf16/fp16 on a CPU
+            without native bf16).
+
+    Returns:
+        (dtype, reason): dtype in "bfloat16", "float16", "float32"; reason e.g.
+        ``"CPU: AVX2, no native bf16"`` or ``"GPU: NVIDIA H100, bf16 supported"``.
+
+    Raises:
+        ValueError: an unknown ``requested`` (see :func:`canonical_dtype`).
+    """
+    name = canonical_dtype(requested)
+    dev = device_info if device_info is not None else detect_device()
+    cpu = dev.cpu
+    cap = f" ({cpu.capped_by})" if cpu.capped_by else ""
+    if dev.gpu is not None:
+        where = f"GPU: {dev.gpu.name}, bf16 {'supported' if dev.gpu.bf16 else 'not supported'}"
+        auto = "bfloat16" if dev.gpu.bf16 else "float16"
+    else:
+        where = f"CPU: {cpu.isa}{cap}, {'native bf16' if cpu.native_bf16 else 'no native bf16'}"
+        auto = "bfloat16" if cpu.native_bf16 and purpose == "inference" else "float32"
+        if purpose == "training":
+            where += "; training on CPU keeps float32"
+    if name == "auto":
+        if log_choice:
+            log.info("dtype auto -> %s (%s)", auto, where)
+        return auto, where
+    reason = f"explicit model.dtype={name} ({where})"
+    if log_choice:
+        if dev.gpu is None and name in ("bfloat16", "float16") and not cpu.native_bf16:
+            log.warning("model.dtype=%s on a CPU without native bf16 (%s): matmuls are emulated and can be tens of "
+                        "times slower than float32; model.dtype=auto picks float32 here", name, where)
+        else:
+            log.info("dtype %s (explicit; %s)", name, where)
+    return name, reason
+
+
+def dtype_record(requested: str, dtype: str, reason: str, device_info: DeviceInfo | None = None) -> dict:
+    """What run.json / bench.json store about the choice: requested, dtype, reason, the processor."""
+    dev = device_info if device_info is not None else detect_device()
+    return {"requested": canonical_dtype(requested), "dtype": dtype, "reason": reason, "device": dev.summary()}
