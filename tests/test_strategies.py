@@ -229,3 +229,36 @@ def test_plugin_exact_resume(plugin_path):
 
 def test_package_exports():
     assert set(strategies.__all__) >= {"REGISTRY", "Strategy", "get_strategy"}
+
+
+@pytest.mark.parametrize("dim,diagonal", [(1920, False), (2000, False), (2001, True), (3584, True)])
+def test_essa_config_goes_separable_above_the_documented_dim(dim, diagonal):
+    # issue 16: strategy=essa was always full covariance; its checkpoint (C and eigenbasis B, 2 x D^2
+    # float64) was 59 MB per generation at D 1920 and 206 MB at D 3584. Build it as the run loop does.
+    from omegaconf import OmegaConf
+
+    from strategies.cma_es import AUTO_DIAGONAL_DIM
+
+    cfg = OmegaConf.load(Path(__file__).parent.parent / "conf" / "strategy" / "essa.yaml")
+    cls = get_strategy(cfg.name)
+    strategy = cls(dim=dim, x0=None, seed=0, population_size=cfg.population_size, sigma0=cfg.sigma0,
+                   **OmegaConf.to_container(cfg.options))
+    assert strategy.diagonal is diagonal and (dim > AUTO_DIAGONAL_DIM) is diagonal
+    genomes = strategy.ask()
+    strategy.tell(genomes, -np.square(genomes).sum(axis=1))
+    size = len(pickle.dumps(strategy.state_dict(), protocol=4))
+    full = 2 * 8 * dim ** 2                                            # C and B in float64
+    if diagonal:
+        assert size < 100 * 8 * dim                                    # linear in D: ~2 MB at 3584, not 206 MB
+    else:
+        assert full < size < 1.1 * full                                # ESSA's full covariance below the threshold
+
+
+def test_full_covariance_refused_above_max_dim_in_one_line():
+    from strategies.cma_es import MAX_FULL_DIM
+
+    with pytest.raises(ValueError) as e:
+        CMAES(dim=MAX_FULL_DIM + 1, x0=None, seed=0, population_size=P, sigma0=1.0, diagonal=False)
+    msg = str(e.value)
+    assert msg.startswith("strategy.options.diagonal=false") and "\n" not in msg and "diagonal=auto" in msg
+    assert CMAES(dim=MAX_FULL_DIM + 1, x0=None, seed=0, population_size=P, sigma0=1.0).diagonal  # auto
