@@ -29,14 +29,36 @@ def _fail(e: BaseException) -> None:
     sys.exit(2)
 
 
-def _run(command: str, cfg) -> None:
-    from hydra.core.hydra_config import HydraConfig
+def _run(command: str, cfg) -> float | None:
+    """Hydra's task function: run one job of ``command``.
 
-    run_dir = HydraConfig.get().runtime.output_dir
+    Returns:
+        ``essa train``: held-out accuracy of the final mean genome (``summary.json`` ``val.mean``,
+        a fraction in [0, 1]; NaN when the run made no final validation), ``essa grpo``: the final
+        policy's accuracy, so Hydra sweepers (``hydra/sweeper=optuna``) can optimise it; None for
+        the other commands.
+
+    A single run that fails on bad configuration or input exits 2 with one line. In a multirun
+    (``-m``) every failure is caught instead: its line goes to ``<job dir>/error.txt`` and the
+    job's log, the job returns NaN, and the sweep goes on (engine/sweeps.py).
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from .sweeps import clear_job_failure, error_line, record_job_failure
+
+    hc = HydraConfig.get()
+    run_dir = hc.runtime.output_dir
+    multirun = hc.mode == RunMode.MULTIRUN
+    if multirun:
+        clear_job_failure(run_dir)
     try:
         if command == "train":
             from .loop import run_train
-            run_train(cfg, run_dir)
+            from .plugins import check_strategy_choice
+            check_strategy_choice(cfg, hc.runtime.choices.get("strategy"))
+            result = run_train(cfg, run_dir)
+            return float(result.get("val", {}).get("mean", float("nan")))
         elif command == "bench":
             from .bench import main as bench_main
             bench_main(cfg)
@@ -45,13 +67,23 @@ def _run(command: str, cfg) -> None:
             eval_main(cfg, run_dir)
         elif command == "grpo":
             from .grpo import main as grpo_main
-            grpo_main(cfg, run_dir)
+            result = grpo_main(cfg, run_dir)
+            return float(result["accuracy"]) if isinstance(result, dict) and "accuracy" in result else None
     except KeyboardInterrupt:
         sys.exit(130)
-    except USER_ERRORS as e:
+    except Exception as e:
+        user_error = isinstance(e, USER_ERRORS)
         if os.environ.get("ESSA_DEBUG"):
             raise
-        _fail(e)
+        if multirun:
+            if not user_error:
+                logging.getLogger("essa").exception("job failed")  # the traceback, into the job's log
+            record_job_failure(run_dir, error_line(e, user_error))
+            return float("nan")
+        if user_error:
+            _fail(e)
+        raise
+    return None
 
 
 def hydra_error_line(e: BaseException) -> str:
@@ -111,10 +143,18 @@ def _hydra(command: str, argv: list[str]) -> None:
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=HYDRA_COMMANDS[command])
     def entry(cfg):
-        _run(command, cfg)
+        return _run(command, cfg)
+
+    from .sweeps import FINISHED_SWEEPS, failure_lines
 
     sys.argv = [f"essa {command}"] + argv
+    FINISHED_SWEEPS.clear()
     entry()
+    for sweep_dir in FINISHED_SWEEPS:  # multirun: name every failed job, then exit non-zero
+        lines = failure_lines(sweep_dir)
+        if lines:
+            print("essa: error: " + "\n".join(lines), file=sys.stderr)
+            sys.exit(1)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -20,7 +20,7 @@ import importlib.metadata
 from strategies.base import Strategy, rank_nan_last
 from strategies.cma_es import CMAES, SepCMAES
 
-__all__ = ["REGISTRY", "ENTRY_POINT_GROUP", "Strategy", "get_strategy", "rank_nan_last"]
+__all__ = ["REGISTRY", "ENTRY_POINT_GROUP", "Strategy", "get_strategy", "plugin_entry_points", "rank_nan_last"]
 
 ENTRY_POINT_GROUP = "essa.strategies"
 
@@ -29,6 +29,16 @@ REGISTRY: dict[str, type[Strategy]] = {
     "essa": CMAES,
     "sep_cma": SepCMAES,
 }
+
+
+def plugin_entry_points() -> list[importlib.metadata.EntryPoint]:
+    """The installed ``essa.strategies`` entry points (not loaded), sorted by name.
+
+    A plugin class may carry a class attribute ``config``: a dict of the ``strategy`` config
+    fields (``population_size``, ``sigma0``, ``options``, ``genome``) that essa's CLI stores as the
+    Hydra group option ``strategy=<entry-point name>`` (engine/plugins.py).
+    """
+    return sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
 
 
 def _check(obj: object, where: str) -> type[Strategy]:
@@ -54,7 +64,7 @@ def get_strategy(name_or_target: str) -> type[Strategy]:
     """
     if name_or_target in REGISTRY:
         return REGISTRY[name_or_target]
-    entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    entry_points = plugin_entry_points()
     for ep in entry_points:
         if ep.name == name_or_target:
             return _check(ep.load(), f"entry point {ep.name!r} ({ep.value})")

@@ -1,11 +1,14 @@
 """A third-party strategy in one file: Gaussian random search around the best genome so far.
 
-Use it without editing essa-engine, by dotted path (``strategy.name=essa_plugin_example.RandomSearch``)
-or by an entry point in your own package's pyproject.toml::
+Installed as a package (``pip install tests/plugin_example``, see its pyproject.toml), it is the
+group option ``strategy=random_search`` with the settings in ``RandomSearch.config``; by dotted path
+it needs no install at all (``strategy._target_=essa_plugin_example.RandomSearch ~strategy.options.diagonal``
+when the module is importable). The entry point in the plugin's own pyproject.toml::
 
     [project.entry-points."essa.strategies"]
     random_search = "essa_plugin_example:RandomSearch"
 """
+from typing import ClassVar
 
 import numpy as np
 
@@ -14,6 +17,10 @@ from strategies import Strategy
 
 class RandomSearch(Strategy):
     """Sample N(best so far, sigma0^2 I); the base class tracks the best and saves the RNG."""
+
+    # The `strategy=random_search` config group option (fields of engine.config.StrategyConfig).
+    config: ClassVar[dict] = {"population_size": 8, "sigma0": 0.05, "options": {},
+                              "genome": {"kind": "svd_lora", "alpha": 0.5}}
 
     def _ask(self) -> np.ndarray:
         noise = self.rng.standard_normal((self.population_size, self.dim))  # (P, D)

@@ -1,0 +1,132 @@
+"""Strategy plugins as Hydra config-group options.
+
+A package that registers a strategy under the entry-point group ``essa.strategies``
+(strategies/__init__.py) also gets a ``strategy`` group option of the same name, stored in Hydra's
+ConfigStore before the config is composed, so ``essa train strategy=random_search`` selects the
+plugin with its own population size, step size, options and genome instead of the options left
+over from the default ``strategy: essa``. The option's values come from the class attribute
+``config`` (a dict of :class:`engine.config.StrategyConfig` fields: ``population_size``,
+``sigma0``, ``options``, ``genome``); fields it leaves out keep the schema defaults.
+
+Selecting a strategy by ``strategy.name=`` or ``strategy._target_=`` keeps the group option's
+options; when the class rejects them, :func:`check_strategy_choice` names the override that fixes it.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from .config import ConfigError
+
+log = logging.getLogger("essa")
+
+CONF_STRATEGY_DIR = Path(__file__).resolve().parent.parent / "conf" / "strategy"
+STRATEGY_FIELDS = ("population_size", "sigma0", "options", "genome")
+
+
+def register_strategy_configs() -> list[str]:
+    """Store a ``strategy/<name>`` ConfigStore entry for every ``essa.strategies`` entry point that
+    has no YAML file in conf/strategy/ (built-ins keep theirs).
+
+    Returns:
+        The names registered. A plugin whose module does not import still gets a name-only entry
+        (its import error then surfaces, with the fix, when it is selected); a ``config`` attribute
+        that is not a dict of StrategyConfig fields is skipped with a warning naming the plugin.
+    """
+    from hydra.core.config_store import ConfigStore
+
+    from strategies import plugin_entry_points
+
+    cs = ConfigStore.instance()
+    names = []
+    for ep in plugin_entry_points():
+        if (CONF_STRATEGY_DIR / f"{ep.name}.yaml").is_file():
+            continue
+        extra: dict = {}
+        try:
+            extra = getattr(ep.load(), "config", None) or {}
+        except Exception as e:  # noqa: BLE001 - a broken plugin must not break every command
+            log.debug("strategy plugin %s (%s) does not import: %s", ep.name, ep.value, e)
+        if not isinstance(extra, dict) or set(extra) - set(STRATEGY_FIELDS):
+            log.warning("strategy plugin %s: `config` must be a dict with keys among %s; got %r; registered "
+                        "with the schema defaults", ep.name, ", ".join(STRATEGY_FIELDS), extra)
+            extra = {}
+        cs.store(group="strategy", name=ep.name, node={"name": ep.name, **extra}, provider=f"essa.strategies:{ep.value}")
+        names.append(ep.name)
+    return names
+
+
+def strategy_options_available() -> list[str]:
+    """Every ``strategy=`` group option: conf/strategy/*.yaml plus ConfigStore entries."""
+    from hydra.core.config_store import ConfigStore
+
+    names = {p.stem for p in CONF_STRATEGY_DIR.glob("*.yaml")}
+    repo = ConfigStore.instance().repo.get("strategy", {})
+    names |= {k[:-5] for k in repo if k.endswith(".yaml")}
+    return sorted(names)
+
+
+def _group_option_for(cls, selected: str) -> str | None:
+    """The ``strategy=`` option that selects ``cls``: the selected name itself, or the entry point
+    whose target is the dotted ``_target_``."""
+    from strategies import plugin_entry_points
+
+    options = strategy_options_available()
+    if selected in options:
+        return selected
+    for ep in plugin_entry_points():
+        if ep.name in options and ep.value.replace(":", ".") == selected:
+            return ep.name
+    return None
+
+
+def _rejected_keys(cls, options: dict) -> list[str]:
+    """Option keys that ``cls.__init__`` has no parameter for (all keys when it takes ``**kwargs``)."""
+    try:
+        params = inspect.signature(cls.__init__).parameters
+    except (TypeError, ValueError):
+        return list(options)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return list(options)
+    return [k for k in options if k not in params] or list(options)
+
+
+def check_strategy_choice(cfg, choice: str | None) -> None:
+    """Catch a strategy picked by ``strategy.name=`` / ``strategy._target_=`` on top of another
+    group option whose ``strategy.options`` the picked class rejects (Hydra merges the override
+    into the group option; ``'strategy.options={}'`` does not clear a dict).
+
+    Args:
+        cfg: composed TrainConfig.
+        choice: the ``strategy`` group option Hydra chose (``hydra.runtime.choices.strategy``);
+            None when unknown (nothing is checked).
+
+    Raises:
+        ConfigError: one line naming the exact override to use: ``strategy=<plugin>`` when the
+            plugin has a group option, else ``~strategy.options.<key>`` for each leftover key.
+        ValueError: the strategy name / target resolves to nothing (from ``get_strategy``).
+    """
+    from strategies import get_strategy
+
+    s = cfg.strategy
+    selected = s._target_ or s.name
+    options = OmegaConf.to_container(s.options, resolve=True) or {}
+    if choice is None or not options or (not s._target_ and s.name == choice):
+        return
+    cls = get_strategy(selected)
+    try:
+        cls(dim=2, x0=None, seed=cfg.seed, population_size=s.population_size, sigma0=s.sigma0, **options)
+        return  # the picked class takes the left-over options
+    except (TypeError, ValueError) as e:
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    how = f"strategy._target_={s._target_}" if s._target_ else f"strategy.name={s.name}"
+    option = _group_option_for(cls, selected)
+    if option is not None:
+        fix = f"select it with its own config: strategy={option} (instead of {how})"
+    else:
+        fix = "drop them: " + " ".join(f"~strategy.options.{k}" for k in _rejected_keys(cls, options))
+    raise ConfigError(f"{how} keeps strategy.options={options} of strategy={choice}, which {cls.__name__} rejects "
+                      f"({why}); {fix}")
