@@ -444,9 +444,10 @@ def test_plugin_refuses_untested_version(clean_plugin, monkeypatch, caplog):
     assert clean_plugin.is_installed()
 
 
-def test_no_adapter_tokens_untouched_when_every_slot_is_full():
+def test_no_adapter_tokens_untouched_when_every_slot_is_full(clean_plugin):
     """vLLM 0.32's torch ops would apply the LAST slot's adapter to id-0 (base model) tokens here
-    (they index W[-1]); the fast wrapper gives them no delta, like vLLM's GPU kernels."""
+    (they index W[-1]); the fast wrapper gives them no delta, like vLLM's GPU kernels. (``clean_plugin``:
+    vLLM's ops without the plugin's no-adapter mask, tests/test_no_adapter_batch.py.)"""
     index_mapping = [1001, 0, 1002, 0, 1002, 1001]
     stock, fast = _wrappers(index_mapping, index_mapping, [1001, 1002])
     a, b = _layer(2, 8, 32, (16,), torch.float32, seed=4)

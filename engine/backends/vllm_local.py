@@ -6,11 +6,14 @@ vLLM batches all candidates together (multi-LoRA batching, Punica/S-LoRA).
 """
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Sequence
 
 from . import AdapterRef, Completion, Sampling
+
+log = logging.getLogger("essa.engine")
 
 # vLLM accepts these max_lora_rank values (vllm/config/lora.py).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -35,6 +38,20 @@ def is_cpu_platform() -> bool:
         return not torch.cuda.is_available()
     except Exception:  # pragma: no cover
         return True
+
+
+def no_adapter_plan(cpu: bool, fast_lora: bool, enforce_eager: bool) -> str:
+    """How this process's next engine keeps requests without an adapter on the base model beside
+    adapter requests: ``"gpu"``, ``"mask"``, ``"fast"`` or ``"split"``
+    (:func:`engine.fast_lora.plugin.no_adapter_plan`). Call after ``LLM(...)`` started: vLLM loads
+    essa's plugin in this process too, so whether vLLM's CPU ops are masked here tells whether
+    they are in the engine's processes."""
+    from ..fast_lora import plugin
+
+    if not cpu:
+        return "gpu"
+    fast = fast_lora and plugin.vllm_version() in plugin.TESTED_VLLM_VERSIONS  # what register() installs
+    return plugin.no_adapter_plan(cpu, plugin.no_lora_mask_installed(), fast, enforce_eager)
 
 
 def configure_cpu_env(threads: int | None = None, kv_cache_gib: float | None = None) -> None:
@@ -70,6 +87,12 @@ class VLLMBackend:
         fast_lora: on CPU, install essa's fast multi-LoRA kernels in vLLM's worker processes
             (engine/fast_lora, through the ``ESSA_FAST_LORA`` environment variable); GPUs keep vLLM's.
         extra: further ``LLM(...)`` keyword arguments (e.g. tensor_parallel_size, quantization).
+
+    Attributes:
+        no_adapter: how a request without an adapter is kept on the base model when it shares a
+            batch with adapter requests (:func:`no_adapter_plan`; logged at start): ``"gpu"``,
+            ``"mask"``, ``"fast"`` (the engine guarantees it) or ``"split"`` (this back-end serves
+            such requests in a ``generate`` call of their own); ``"none"`` without LoRA.
 
     Must be created under ``if __name__ == "__main__":`` in scripts (vLLM spawns processes).
     """
@@ -109,10 +132,18 @@ class VLLMBackend:
         self.startup_s = time.perf_counter() - t0
         self.tokenizer = self.llm.get_tokenizer()
         self.max_loras = max_loras if enable_lora else 0
+        # how requests without an adapter stay on the base model in a mixed batch (issue 17)
+        self.no_adapter = "none"
+        if enable_lora:
+            self.no_adapter = no_adapter_plan(self.cpu, fast_lora, bool(kwargs.get("enforce_eager")))
+            from ..fast_lora.plugin import NO_ADAPTER_PLAN_TEXT
+            log.info("vLLM engine up: requests without an adapter: %s", NO_ADAPTER_PLAN_TEXT[self.no_adapter])
+
 
     def generate(self, prompts: Sequence[str], adapters: Sequence[AdapterRef | None], sampling: Sampling,
                  use_tqdm: bool = True) -> list[list[Completion]]:
-        """Generate for every (prompt, adapter) pair in ONE vLLM call.
+        """Generate for every (prompt, adapter) pair in ONE vLLM call (two when ``no_adapter`` is
+        ``"split"``: the no-adapter requests, then the adapter requests).
 
         Args:
             prompts: R prompt strings (chat template already applied).
@@ -132,8 +163,22 @@ class VLLMBackend:
                                  seed=None if sampling.temperature == 0 else sampling.seed + i)
                   for i in range(len(prompts))]
         loras = [None if a is None else LoRARequest(a.name, a.lora_int_id, a.path) for a in adapters]
-        outs = self.llm.generate(list(prompts), params, lora_request=loras, use_tqdm=use_tqdm)
+        outs = self._generate(list(prompts), params, loras, use_tqdm)
         return [[Completion(o.text, len(o.token_ids)) for o in out.outputs] for out in outs]
+
+    def _generate(self, prompts: list[str], params: list, loras: list, use_tqdm: bool) -> list:
+        """``LLM.generate``, in two calls (no-adapter requests first) when the engine cannot keep them
+        on the base model beside adapter requests (``self.no_adapter == "split"``); request order kept."""
+        base = [i for i, lora in enumerate(loras) if lora is None]
+        if self.no_adapter != "split" or not base or len(base) == len(loras):
+            return self.llm.generate(prompts, params, lora_request=loras, use_tqdm=use_tqdm)
+        outs: list = [None] * len(prompts)
+        for part in (base, [i for i, lora in enumerate(loras) if lora is not None]):
+            got = self.llm.generate([prompts[i] for i in part], [params[i] for i in part],
+                                    lora_request=[loras[i] for i in part], use_tqdm=use_tqdm)
+            for i, o in zip(part, got):
+                outs[i] = o
+        return outs
 
     def close(self) -> None:
         """Free the engine (its worker processes and KV cache)."""

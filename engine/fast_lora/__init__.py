@@ -12,7 +12,8 @@ adapter matrices and run a batched einsum.
   adapter stacked, then a per-token mask). Imports only torch.
 - ``punica``: ``FastPunicaWrapperCPU``, vLLM's CPU punica wrapper using them (imports vLLM).
 - ``plugin``: the ``vllm.general_plugins`` entry point ``register()``; switch ``$ESSA_FAST_LORA``
-  (``1`` default, ``0`` off, ``force`` on untested vLLM versions).
+  (``1`` default, ``0`` off, ``force`` on untested vLLM versions). On vLLM 0.32 it also masks
+  vLLM's own CPU LoRA ops, whatever the switch, so requests without an adapter get no delta.
 """
 from .plugin import ENV_VAR, TESTED_VLLM_VERSIONS, WRAPPER_QUALNAME
 

@@ -10,6 +10,15 @@ LoRA model manager asks for the punica wrapper's qualified name) returns
 ``engine.fast_lora.punica.FastPunicaWrapperCPU`` instead of vLLM's ``PunicaWrapperCPU``. No vLLM
 file is modified; GPU, XPU and ROCm platforms are never touched.
 
+The no-adapter fix (issue 17): vLLM 0.32's CPU torch ops (``vllm/lora/ops/torch_ops/lora_ops.py``)
+select each token's weights as ``W[idx]``, and a token without an adapter has ``idx == -1``, so it
+gets the LAST slot's adapter whenever that slot holds one (vLLM's GPU kernels skip -1). On the
+versions in ``MASK_VLLM_VERSIONS`` :func:`install_no_lora_mask` makes the ops that vLLM's
+``PunicaWrapperCPU`` calls see one extra all-zero slot, which is what -1 then selects; it is
+installed on CPU whether the fast kernels are on or off (the fast wrapper falls back to these ops
+while torch.compile traces). On other versions nothing in vLLM is patched and the back-end serves
+no-adapter requests in a batch of their own (:func:`no_adapter_plan`).
+
 Switch (environment, read at engine start in each process):
     ESSA_FAST_LORA=1 (default) install on tested vLLM versions on CPU;
     ESSA_FAST_LORA=0 (also false/off/no) keep vLLM's own kernels;
@@ -19,6 +28,7 @@ starts (the worker processes inherit it).
 """
 from __future__ import annotations
 
+import functools
 import os
 
 ENV_VAR = "ESSA_FAST_LORA"
@@ -26,7 +36,14 @@ TESTED_VLLM_VERSIONS = ("0.32.0",)
 WRAPPER_QUALNAME = "engine.fast_lora.punica.FastPunicaWrapperCPU"
 _OFF = ("0", "false", "off", "no")
 
+MASK_VLLM_VERSIONS = ("0.32.0",)
+"""vLLM versions whose CPU torch LoRA ops apply the last slot to no-adapter tokens and whose op
+signatures (inputs, lora weights (slots, ...), output, ...) :func:`install_no_lora_mask` was written
+against. Extend only after reading that version's ``vllm/lora/ops/torch_ops/lora_ops.py``."""
+MASKED_OPS = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice", "sgmv_shrink", "sgmv_expand", "sgmv_expand_slice")
+
 _original_get_punica_wrapper = None
+_original_ops: dict | None = None
 _warned = False
 
 
@@ -73,8 +90,9 @@ def install() -> None:
 
 
 def uninstall() -> None:
-    """Restore vLLM's own ``get_punica_wrapper`` (for tests)."""
+    """Restore vLLM's own ``get_punica_wrapper`` and unmasked ops (for tests)."""
     global _original_get_punica_wrapper
+    uninstall_no_lora_mask()
     if _original_get_punica_wrapper is None:
         return
     from vllm.platforms.cpu import CpuPlatform
@@ -82,24 +100,118 @@ def uninstall() -> None:
     _original_get_punica_wrapper = None
 
 
+def _with_zero_slot(op):
+    """``op`` with an all-zero slot appended to its weights (dim 0), so the no-adapter id -1, which
+    the op uses as a Python index, selects zeros instead of the last adapter. Adapter rows are
+    computed exactly as before (same ops, same dtypes); a no-adapter row gets a zero delta."""
+    import torch
+
+    @functools.wraps(op)
+    def masked(inputs, lora_weights, output_tensor, *args, **kwargs):
+        zero = lora_weights.new_zeros((1, *lora_weights.shape[1:]))
+        return op(inputs, torch.cat([lora_weights, zero]), output_tensor, *args, **kwargs)
+
+    masked.essa_no_lora_mask = True
+    return masked
+
+
+def no_lora_mask_installed() -> bool:
+    """True when vLLM's ``PunicaWrapperCPU`` in this process calls the masked ops."""
+    try:
+        from vllm.lora.punica_wrapper import punica_cpu
+    except Exception:  # pragma: no cover - vLLM without the CPU punica wrapper
+        return False
+    return all(getattr(getattr(punica_cpu, name, None), "essa_no_lora_mask", False) for name in MASKED_OPS)
+
+
+def install_no_lora_mask() -> None:
+    """Point the torch ops that ``vllm.lora.punica_wrapper.punica_cpu`` calls at masked versions
+    (:func:`_with_zero_slot`); idempotent, no version check (see ``MASK_VLLM_VERSIONS``).
+
+    Only that module's names are replaced: ``vllm.lora.ops.torch_ops`` itself stays the reference.
+    Both the stock ``PunicaWrapperCPU`` and ``FastPunicaWrapperCPU`` (its torch.compile fallback and
+    ``apply_lora_full_linear``) resolve the ops there.
+    """
+    global _original_ops
+    from vllm.lora.punica_wrapper import punica_cpu
+
+    if no_lora_mask_installed():
+        return
+    _original_ops = {name: getattr(punica_cpu, name) for name in MASKED_OPS}
+    for name, op in _original_ops.items():
+        setattr(punica_cpu, name, _with_zero_slot(op))
+
+
+def uninstall_no_lora_mask() -> None:
+    """Give ``punica_cpu`` its own ops back (for tests)."""
+    global _original_ops
+    if _original_ops is None:
+        return
+    from vllm.lora.punica_wrapper import punica_cpu
+    for name, op in _original_ops.items():
+        setattr(punica_cpu, name, op)
+    _original_ops = None
+
+
+def no_adapter_plan(cpu: bool, mask: bool, fast: bool, enforce_eager: bool = True) -> str:
+    """How a request without an adapter is kept on the base model when it shares a batch with
+    adapter requests, in an engine started with these settings.
+
+    Args:
+        cpu: vLLM runs on its CPU back-end.
+        mask: the no-adapter mask of vLLM's CPU ops is in place (:func:`register` ran, in the
+            driver as in the engine's processes, on a version in ``MASK_VLLM_VERSIONS``;
+            :func:`no_lora_mask_installed` in the driver after the engine started).
+        fast: essa's fast kernels are installed in the engine (tested version, or forced).
+        enforce_eager: no torch.compile; while compiling, the fast wrapper runs vLLM's torch ops.
+
+    Returns:
+        ``"gpu"`` (not CPU: vLLM's GPU kernels skip the no-adapter id -1), ``"mask"`` (vLLM's CPU
+        ops masked; the fast kernels, when on, also give such tokens no delta), ``"fast"`` (the
+        fast kernels alone, eager), or ``"split"`` (nothing in the engine guarantees it: the
+        back-end must serve no-adapter requests in a ``generate`` call of their own).
+    """
+    if not cpu:
+        return "gpu"
+    if mask:
+        return "mask"
+    return "fast" if fast and enforce_eager else "split"
+
+
+NO_ADAPTER_PLAN_TEXT = {
+    "gpu": "vLLM's GPU LoRA kernels skip them (no-adapter id -1)",
+    "mask": "vLLM's CPU LoRA ops with essa's no-adapter mask (id -1 selects an all-zero slot)",
+    "fast": "essa's fast CPU LoRA kernels give them no delta",
+    "split": "served in a generate call of their own (vLLM's CPU LoRA ops of this version apply the last "
+             "LoRA slot to them)",
+}
+"""One line per :func:`no_adapter_plan` result, for the engine's start-up log."""
+
+
 def register() -> None:
     """vLLM plugin entry point: install the fast CPU LoRA kernels when it is safe to.
 
     Installs only when (a) ``$ESSA_FAST_LORA`` is not off, (b) the platform is CPU, and (c) the
     vLLM version is in ``TESTED_VLLM_VERSIONS`` (or the switch says ``force``). On an untested
-    version it logs one warning per process and leaves vLLM alone. Never raises: a failure to
-    install is logged and vLLM runs with its own kernels.
+    version it logs one warning per process and leaves vLLM alone. Independently of the switch,
+    on CPU with a vLLM version in ``MASK_VLLM_VERSIONS`` it installs the no-adapter mask of vLLM's
+    own ops (:func:`install_no_lora_mask`). Never raises: a failure to install is logged and vLLM
+    runs with its own kernels.
     """
     global _warned
     mode = switch()
-    if mode == "off":
-        return
     try:
         from vllm.platforms import current_platform
         if not current_platform.is_cpu():
             return
         log = _logger()
         version = vllm_version()
+        if version in MASK_VLLM_VERSIONS and not no_lora_mask_installed():
+            install_no_lora_mask()
+            log.info("essa: vLLM %s CPU LoRA ops masked for requests without an adapter (pid %d).",
+                     version, os.getpid())
+        if mode == "off":
+            return
         if version not in TESTED_VLLM_VERSIONS and mode != "force":
             if not _warned:
                 _warned = True
@@ -119,7 +231,7 @@ def register() -> None:
                         version, ENV_VAR, os.getpid())
     except Exception as e:  # never break vLLM start-up
         try:
-            _logger().warning("essa fast_lora: not installed (%s: %s); using vLLM's CPU LoRA kernels.",
-                              type(e).__name__, e)
+            _logger().warning("essa fast_lora: not installed (%s: %s); using vLLM's CPU LoRA kernels%s.",
+                              type(e).__name__, e, "" if no_lora_mask_installed() else " without the no-adapter mask")
         except Exception:
             pass
