@@ -207,14 +207,17 @@ def test_summary_pass_at_k_one_problem_set_and_positive_zero():
     assert row["pass_at_k_excluded"] == 0
 
 
-@pytest.mark.parametrize("extra,rank", [
+SERVED = [
     ({}, 8),                                                           # plain LoRA: r
     ({"rank_pattern": {"q_proj": 32, "v_proj": 16}}, 32),              # per-module ranks above r: the largest
     ({"rank_pattern": {}, "alpha_pattern": {"o_proj": 64}}, 8),        # served by vLLM (per-module scaling)
     ({"use_rslora": True}, 8),                                         # served (scaling alpha / sqrt(r))
     ({"target_modules": r".*\.(q_proj|v_proj)"}, 8),                   # regex string: vLLM reads the weight names
     ({"use_dora": False, "modules_to_save": None, "bias": "none"}, 8),  # PEFT's defaults written out
-])
+]
+
+
+@pytest.mark.parametrize("extra,rank", SERVED)
 def test_adapter_rank_serves_peft_features(tmp_path, extra, rank):
     from engine.evaluate import adapter_rank
 
@@ -222,7 +225,7 @@ def test_adapter_rank_serves_peft_features(tmp_path, extra, rank):
     assert adapter_rank(tmp_path) == rank
 
 
-@pytest.mark.parametrize("extra,field", [
+REFUSED = [
     ({"use_dora": True}, "use_dora"),                                  # DoRA: vLLM has no DoRA layers
     ({"modules_to_save": ["lm_head"]}, "modules_to_save"),             # whole trained modules
     ({"bias": "lora_only"}, "bias"),                                   # trained biases
@@ -232,7 +235,10 @@ def test_adapter_rank_serves_peft_features(tmp_path, extra, rank):
     ({"rank_pattern": ["q_proj"]}, "rank_pattern"),                    # not a dict
     ({"alpha_pattern": {"q_proj": "big"}}, "alpha_pattern"),
     ({"target_modules": "(q_proj"}, "target_modules"),                 # not a valid regex
-])
+]
+
+
+@pytest.mark.parametrize("extra,field", REFUSED)
 def test_adapter_rank_refuses_unserved_peft_features_in_one_line(tmp_path, extra, field):
     from engine.evaluate import adapter_rank
 
@@ -266,3 +272,28 @@ def test_eval_engine_rank_covers_rank_pattern(tmp_path):
     assert built["rank"] == 64
     with pytest.raises(ConfigError, match="lora_rank=16 is below the largest adapter rank 64"):
         run_eval(compose_eval(["task.val_size=2", f"adapters=[{adapter}]", "lora_rank=16"]), tmp_path / "out")
+
+
+def test_adapter_checks_agree_with_vllm(tmp_path):
+    # what adapter_rank serves, vLLM 0.32's PEFTHelper accepts with max_lora_rank = adapter_rank (rounded
+    # as the engine does), and the features it refuses vLLM refuses too (they would fail or be dropped later)
+    from vllm.config.lora import LoRAConfig
+    from vllm.lora.peft_helper import PEFTHelper
+
+    from engine.backends.vllm_local import round_lora_rank
+    from engine.evaluate import adapter_rank
+
+    features = [e for e, _ in SERVED] + [e for e, f in REFUSED if f in ("use_dora", "modules_to_save", "bias", "lora_bias")]
+    for extra in features:
+        conf = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"], **extra}
+        (tmp_path / "adapter_config.json").write_text(json.dumps(conf))
+        try:
+            rank, ours = adapter_rank(tmp_path), None
+        except ValueError as e:
+            rank, ours = 8, str(e)
+        try:
+            PEFTHelper.from_dict(conf).validate_legal(LoRAConfig(max_lora_rank=round_lora_rank(rank)))
+            theirs = None
+        except ValueError as e:
+            theirs = str(e)
+        assert (ours is None) == (theirs is None), (extra, ours, theirs)
