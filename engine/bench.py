@@ -112,11 +112,12 @@ class Population:
         self._cmaes, self.sigma0, self.seed = CMAES, sigma0, seed
 
     def strategy(self, population_size: int):
-        """A fresh CMA-ES over the codec's genome (``None`` without strategies/)."""
+        """A fresh CMA-ES over the codec's genome as ``strategy=essa`` builds it: full covariance up
+        to D 2000, separable above (strategies/cma_es.py); ``None`` without strategies/."""
         if self.codec is None:
             return None
         return self._cmaes(dim=self.codec.dim, x0=self.codec.x0(), seed=self.seed,
-                           population_size=population_size, sigma0=self.sigma0, diagonal=False)
+                           population_size=population_size, sigma0=self.sigma0, diagonal="auto")
 
     def random_states(self, n: int, offset: int) -> list[dict]:
         """Fallback candidates: independent random LoRA states (only without strategies/)."""
