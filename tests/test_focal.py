@@ -134,3 +134,31 @@ def test_trl_still_has_the_seam():
     src = inspect.getsource(GRPOTrainer._generate_and_score_completions)
     assert "rewards_per_func = self._calculate_rewards(" in src
     assert '"advantages": advantages' in src
+
+
+def test_focal_scaling_on_the_vllm_rollout_path(tmp_path):
+    """With rollouts from ``rollout_func`` (the vllm path), TRL's advantages still get g = (1 - X/N)^gamma."""
+    pytest.importorskip("trl")
+    from test_grpo_rollouts import tiny_trainer
+
+    gamma = 1.0
+    trainer, backend, publisher = tiny_trainer(tmp_path, focal_gamma=gamma, max_steps=2)
+    seen = []
+    generate_and_score = trainer._generate_and_score_completions
+
+    def capture(inputs):                                           # before TRL shuffles the batch
+        out = generate_and_score(inputs)
+        seen.append(out)
+        return out
+
+    trainer._generate_and_score_completions = capture
+    trainer.train()
+    publisher.close()
+    assert len(seen) == 2 and len(backend.calls) == 2
+    n = trainer.num_generations
+    for out in seen:
+        rewards = (out["completion_mask"].sum(dim=1) % 2).float()   # tests' odd_length_reward, per rollout
+        w = focal_weights(rewards, n, gamma)
+        assert torch.allclose(out["advantages"], grpo_advantages(rewards, n) * w, atol=1e-5)
+    weights = torch.cat([focal_weights((o["completion_mask"].sum(dim=1) % 2).float(), n, gamma) for o in seen])
+    assert ((weights > 0) & (weights < 1)).any()                   # a group with 0 < X < N was scaled

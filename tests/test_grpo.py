@@ -59,6 +59,9 @@ def compose_train():
     ("grpo.top_p=2", "grpo.top_p"),
     ("grpo.temperature=-1", "grpo.temperature"),
     ("sft.max_steps=0", "sft"),
+    ("grpo.generator=hf", "grpo.generator"),
+    ("grpo.importance_sampling=sequence", "grpo.importance_sampling"),
+    ("grpo.importance_sampling_cap=1", "grpo.importance_sampling_cap"),
 ])
 def test_bad_config_names_the_field(override, field):
     from engine.grpo import validate
@@ -85,7 +88,8 @@ def test_time_budget_stops_training_and_validates():
 @pytest.mark.integration
 @pytest.mark.timeout(900)
 def test_tiny_real_run(tmp_path):
-    """Default model, 2 prompts x 4 rollouts, 2 steps of F-GRPO through the real CLI."""
+    """Default model, 2 prompts x 4 rollouts, 2 steps of F-GRPO through the real CLI, rollouts and
+    validation through the project's vLLM engine (grpo.generator=vllm, the default)."""
     import pyarrow.parquet as pq
     import torch
     from peft import PeftModel
@@ -103,7 +107,7 @@ def test_tiny_real_run(tmp_path):
 
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["method"] == "f-grpo" and meta["label"] and meta["trl_version"].startswith("1.16.")
-    assert meta["generation"] == "transformers"
+    assert meta["generation"] == "vllm"
 
     val = pq.read_table(run_dir / "validation.parquet").to_pylist()
     assert list(val[0]) == VALIDATION_COLUMNS
@@ -116,6 +120,17 @@ def test_tiny_real_run(tmp_path):
     metrics = pq.read_table(run_dir / "metrics.parquet").to_pylist()
     assert [r["step"] for r in metrics] == [1, 2]
     assert {"step", "wall_s", "reward_mean", "reward_std", "loss", "kl"} <= set(metrics[0])
+    for r in metrics:  # vLLM rollouts, TRL's token-level importance sampling (cap 2) applied to them
+        assert r["rollouts"] == 8 and r["t_generate"] > 0 and r["rollouts_per_s"] > 0
+        assert 0 < r["is_ratio_mean"] <= 2.0 and r["logp_diff_mean"] >= 0
+
+    # one adapter per optimiser step, a new id each; vLLM's token ids and logprobs line up
+    rollouts = [pq.read_table(run_dir / "rollouts" / f"step_{s:06d}.parquet").to_pylist() for s in (0, 1)]
+    assert [len(r) for r in rollouts] == [8, 8]
+    assert len({r["adapter_id"] for step in rollouts for r in step}) == 2
+    for r in rollouts[0] + rollouts[1]:
+        assert len(r["completion_ids"]) == len(r["logprobs"]) == r["n_tokens"] >= 1
+        assert all(lp is not None and lp <= 0 for lp in r["logprobs"])
 
     adapter = run_dir / "adapters" / "final"
     assert (adapter / "adapter_config.json").exists() and (adapter / "adapter_model.safetensors").exists()

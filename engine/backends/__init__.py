@@ -34,10 +34,23 @@ class AdapterRef:
 
 @dataclass
 class Completion:
-    """One generated completion: its text and its length in tokens."""
+    """One generated completion: its text and its length in tokens.
+
+    With ``Sampling.logprobs`` the back-end also returns the token ids it sampled and their
+    log-probabilities under the sampling distribution (RL rollouts, importance sampling):
+
+    Attributes:
+        token_ids: (n_tokens,) sampled completion token ids (a final EOS included when generated).
+        logprobs: (n_tokens,) natural-log probability of each sampled token, after temperature
+            and top-p (vLLM ``logprobs_mode="processed_logprobs"``); None when vLLM gave NaN.
+        prompt_token_ids: the prompt's token ids as the engine tokenised it.
+    """
 
     text: str
     n_tokens: int
+    token_ids: list[int] | None = None
+    logprobs: list[float | None] | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +63,8 @@ class Sampling:
         top_p: nucleus mass.
         n: samples per prompt (G).
         seed: base seed; request i uses seed + i so results do not depend on batch order.
+        logprobs: also return sampled token ids, their log-probabilities and the prompt's token
+            ids in every ``Completion`` (GRPO rollouts).
     """
 
     max_tokens: int = 256
@@ -57,3 +72,4 @@ class Sampling:
     top_p: float = 1.0
     n: int = 1
     seed: int = 0
+    logprobs: bool = False

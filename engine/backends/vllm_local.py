@@ -160,11 +160,14 @@ class VLLMBackend:
             raise ValueError(f"{len(prompts)} prompts but {len(adapters)} adapters")
         params = [SamplingParams(max_tokens=sampling.max_tokens, temperature=sampling.temperature,
                                  top_p=sampling.top_p, n=sampling.n,
-                                 seed=None if sampling.temperature == 0 else sampling.seed + i)
+                                 seed=None if sampling.temperature == 0 else sampling.seed + i,
+                                 logprobs=0 if sampling.logprobs else None)  # 0: the sampled token only
                   for i in range(len(prompts))]
         loras = [None if a is None else LoRARequest(a.name, a.lora_int_id, a.path) for a in adapters]
         outs = self._generate(list(prompts), params, loras, use_tqdm)
-        return [[Completion(o.text, len(o.token_ids)) for o in out.outputs] for out in outs]
+        if not sampling.logprobs:
+            return [[Completion(o.text, len(o.token_ids)) for o in out.outputs] for out in outs]
+        return [[_with_logprobs(o, out.prompt_token_ids) for o in out.outputs] for out in outs]
 
     def _generate(self, prompts: list[str], params: list, loras: list, use_tqdm: bool) -> list:
         """``LLM.generate``, in two calls (no-adapter requests first) when the engine cannot keep them
@@ -190,3 +193,20 @@ class VLLMBackend:
             except Exception:
                 pass
             del llm
+
+
+def _with_logprobs(out, prompt_token_ids) -> Completion:
+    """A ``Completion`` with token ids and sampled-token log-probabilities from a vLLM ``CompletionOutput``.
+
+    ``out.logprobs`` holds one ``{token id: Logprob}`` per generated position (``logprobs=0``: the
+    sampled token only); NaN becomes None (TRL maps None back to NaN and leaves such tokens uncorrected).
+
+    Raises:
+        RuntimeError: vLLM returned no log-probabilities or a different number than tokens.
+    """
+    ids = list(out.token_ids)
+    if out.logprobs is None or len(out.logprobs) != len(ids):
+        raise RuntimeError(f"vLLM returned {0 if out.logprobs is None else len(out.logprobs)} logprobs for "
+                           f"{len(ids)} tokens; the engine must run with logprobs enabled")
+    lps = [float(pos[t].logprob) for pos, t in zip(out.logprobs, ids)]
+    return Completion(out.text, len(ids), ids, [None if lp != lp else lp for lp in lps], list(prompt_token_ids))
