@@ -3,13 +3,28 @@
 Which span of a completion is "the final answer" decides what evolution strategies are
 paid for, so extraction is strict by default and every rule below is deliberate.
 
-Order (first rule that finds something wins):
+First the completion is cut to the model's own reply (`cut_run_on`):
+
+- at the first new chat turn (``<|im_start|>``, ``<|im_end|>``, ``<|endoftext|>``,
+  ``<|eot_id|>``, ``<end_of_turn>``, ``[INST]``, ``</s>`` ...) after some text;
+- at the first line that starts a new question or turn (``Question:``, ``Q:``,
+  ``Problem:``, ``Human:``, ``User:``, ``Assistant:``, also ``**Question 2:**``) once an
+  answer has been given before it: a base model that answers and then writes the next
+  few-shot question (lm-evaluation-harness stops generation at ``Question:`` for the same
+  reason). When the first such line comes before any answer, the completion is itself a
+  sequence of echoed question/answer blocks (a few-shot example, then the real question):
+  the last block that has an answer is kept, so the last answer wins.
+
+Then (first rule that finds something wins):
 
 1. Reasoning is not the answer. Text up to the last ``</think>`` is dropped (Qwen3 /
    DeepSeek-R1 style). A ``<think>`` that is never closed means the model was cut off while
    thinking: no answer.
 2. ``\\boxed{...}`` / ``\\fbox{...}`` with balanced braces (escaped ``\\{`` ``\\}`` do not
    count), nested boxes unwrapped, inside ``$``, ``$$``, ``\\( \\)`` or ``\\[ \\]`` or bare.
+   ``\\boxed 5`` (one number after a space on the same line) counts too; a ``\\boxed``
+   followed by anything else (``Mark your answer with \\boxed.``) is not an answer and does
+   not hide a real box after it.
    The math-competition convention (Hendrycks et al. 2021, MATH, arXiv 2103.03874;
    Lewkowycz et al. 2022, Minerva, arXiv 2206.14858). A ``\\boxed{`` that is never closed
    means the completion was truncated inside its answer: no answer, whatever came before.
@@ -23,7 +38,10 @@ Order (first rule that finds something wins):
    format, arXiv 2501.12948). The issue lists the tag after the phrases; we take whichever of
    the two *ends last* in the text, because a phrase inside the reasoning should not beat an
    explicit closing tag. X runs to the end of its sentence (a ``.`` ``!`` ``?`` followed by
-   space, or a newline), ignoring periods inside ``$...$`` math and decimal points.
+   space, or a newline), ignoring periods inside ``$...$`` math and decimal points, and
+   stops before prose that follows the answer (`cut_prose`: ``72, in total, so ...``,
+   ``72 because ...``, ``40 (the total)``); a hedged sentence (``12 or 18, depending ...``)
+   is kept whole so that the hedge is still seen. The same cut applies after ``####``.
 5. Lenient mode only (``lenient=True``, off by default): the last number of the text. The
    issue's unboxed GSM8K examples (``... = $70,000.`` and ``... is $29.00.``) are correct in
    lenient mode and ``no_answer`` in strict mode. Lenient mode guards against hedging: the
@@ -47,9 +65,9 @@ Source = Literal["boxed", "hash", "phrase", "tag", "last_number"]
 _MAX_ANSWER_CHARS = 2000  # a phrase answer is cut here; boxes are returned whole
 _MAX_UNWRAP = 4  # \boxed{\boxed{...}} depth that is unwrapped
 
-_BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])\s*")
+_BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])(\s*)")
 _BRACE_RE = re.compile(r"\\.|[{}]", re.S)  # an escaped character (skipped) or a brace
-_BOX_TOKEN_RE = re.compile(r"[^\s${}\\]+")  # `\boxed 5` form: one bare token
+_BOX_TOKEN_RE = re.compile(r"[ \t]+([-+]?\d+(?:[.,]\d+)*(?:/\d+)?)(?![\w\\{])")  # `\boxed 5`: a number, same line
 _HASH_ANSWER_RE = re.compile(r"[-+$€£\\(.]|\d(?!\d*[.)]\s+[A-Za-z])")
 _PHRASE_RE = re.compile(
     r"(?i)\b(?:final\s+answer(?:\s+is)?\s*[:=]?|answer\s+is\s*:?|answer\s*[:=])[ \t]*"
@@ -63,6 +81,24 @@ _NUMBER_RE = re.compile(
 _SENTENCE_START_RE = re.compile(r"[.!?](?=\s)|\n")
 _LEAD_IN_RE = re.compile(
     r"(?i)(?:=|\b(?:is|are|was|were|equals?|be|of|to|makes?|gets?|has|have|had|total|costs?|earns?|pays?|needs?))$"
+)
+# Prose after an answer (`cut_prose`): a top-level `,`/`;` before a word, a connective, a
+# parenthetical remark or a dash; math, braces and brackets are skipped.
+_PROSE_RE = re.compile(
+    r"\\[()\[\]]|\\.|[{}()\[\]$]"
+    r"|[,;][ \t]*(?=(?!(?:and|or)\b)[A-Za-z]{2})"
+    r"|(?<![ \t])[ \t]+(?=(?:because|since|as|so|which|that|when|where|if|for|given|while|therefore|thus"
+    r"|hence|meaning|i\.e\.|e\.g\.)\b)"
+    r"|(?<![ \t])[ \t]+(?=\((?:[A-Za-z]{2}|[a-z] [a-z]))"
+    r"|(?<![ \t])[ \t]+(?:--|\u2014|\u2013)[ \t]+(?=[A-Za-z]{2})",
+    re.S,
+)
+_TURN_RE = re.compile(
+    r"<\|(?:im_start|im_end|endoftext|eot_id|start_header_id|user|assistant|system|end)\|>"
+    r"|<(?:start|end)_of_turn>|\[INST\]|</s>"
+)
+_QUESTION_RE = re.compile(
+    r"(?im)^[ \t>#*_]*(?:question|problem|q|human|user|assistant)(?:[ \t]*\d+)?[ \t]*[*_]*[ \t]*:"
 )
 _HEDGE_RE = re.compile(
     r"(?i)\b(?:or|either|maybe|perhaps|possibly|probably|unsure|guess)\b|\bnot\s+sure\b"
@@ -112,6 +148,81 @@ def strip_reasoning(text: str) -> str | None:
     return text
 
 
+def cut_prose(answer: str) -> str:
+    """The answer without the prose that follows it in its sentence.
+
+    ``"72, in total, so the farmer earns that much"`` -> ``"72"``; ``"72 because 8 * 9 is
+    72"`` -> ``"72"``; ``"40 (the total cost)"`` -> ``"40"``. Cuts only at top level (outside
+    ``$...$``, ``\\(...\\)``, braces, parentheses and brackets), never before the first
+    character, and never in a hedged answer (``"12 or 18, depending on ..."`` stays whole so
+    that the scorer sees the hedge). Lists (``"3, 5, 7"``, ``"x = 2, y = 3"``) are kept.
+    Only the first 2,000 characters are scanned (a longer answer is scored wrong anyway).
+    """
+    limit = min(len(answer), _MAX_ANSWER_CHARS)
+    if is_hedged(answer[:limit]):
+        return answer
+    depth = 0
+    in_math = False
+    for m in _PROSE_RE.finditer(answer, 0, limit):
+        tok = m.group()
+        if tok in ("{", "(", "["):
+            depth += 1
+        elif tok in ("}", ")", "]"):
+            depth = max(0, depth - 1)
+        elif tok in ("\\(", "\\["):
+            in_math = True
+        elif tok in ("\\)", "\\]"):
+            in_math = False
+        elif tok == "$":
+            # A `$` with no partner after it is a currency sign, not math.
+            in_math = False if in_math else answer.find("$", m.end(), limit) >= 0
+        elif tok[0] != "\\" and depth == 0 and not in_math and answer[:m.start()].strip():
+            return answer[:m.start()].rstrip()
+    return answer
+
+
+def _cut_turns(text: str) -> str:
+    """`text` up to the first chat-turn token that has some text before it."""
+    if "<" not in text and "[INST]" not in text:
+        return text  # the common case, without a regex scan
+    for m in _TURN_RE.finditer(text):
+        if text[:m.start()].strip():
+            return text[:m.start()]
+    return text
+
+
+def _cut_questions(body: str) -> str:
+    """`body` up to its first new-question line when an answer comes before that line;
+    otherwise (echoed question/answer blocks) the last block that has an answer.
+
+    A block runs from one question line to the next. Linear: every character is in at most
+    two extraction scans.
+    """
+    if ":" not in body:
+        return body  # every question line has a colon
+    starts = [m.start() for m in _QUESTION_RE.finditer(body)]
+    if not starts:
+        return body
+    if _extract_body(body[:starts[0]], False).answers:
+        return body[:starts[0]]
+    for start, end in zip(reversed(starts), reversed(starts[1:] + [len(body)])):
+        found = _extract_body(body[start:end], False)
+        if found.answers or found.truncated:
+            return body[start:end]
+    return body
+
+
+def cut_run_on(text: str) -> str | None:
+    """The model's own reply: `text` cut at a new chat turn, reasoning dropped
+    (`strip_reasoning`), then cut at a new question that follows an answer.
+
+    Returns None when a ``<think>`` is never closed. Linear in ``len(text)`` (one prefix is
+    checked for an answer).
+    """
+    body = strip_reasoning(_cut_turns(text))
+    return None if body is None else _cut_questions(body)
+
+
 def _match_brace(text: str, open_idx: int) -> int | None:
     """Index of the ``}`` closing the ``{`` at `open_idx`, or None when unbalanced."""
     depth = 0
@@ -144,12 +255,12 @@ def _boxes(text: str) -> tuple[list[str], bool]:
         else:
             if j >= len(text):
                 return out, True  # `\boxed` is the last thing written
-            tok = _BOX_TOKEN_RE.match(text, j)
-            if tok is not None and m.group()[-1].isspace():  # `\boxed 5`
-                out.append(tok.group())
+            tok = _BOX_TOKEN_RE.match(text, m.start(1))
+            if tok is not None:  # `\boxed 5`
+                out.append(tok.group(1))
                 pos = tok.end()
             else:
-                pos = j
+                pos = j  # `\boxed` with no argument (an instruction echoed): not an answer
 
 
 def unwrap(answer: str) -> str:
@@ -235,7 +346,7 @@ def _last_hash(text: str) -> str | None:
     for k in range(len(lines) - 1, -1, -1):
         if "####" not in lines[k]:
             continue
-        content = unwrap(lines[k].rsplit("####", 1)[1])
+        content = unwrap(cut_prose(lines[k].rsplit("####", 1)[1].strip()))
         if not content:
             if k == len(lines) - 1:
                 return ""  # cut off right after `####`
@@ -294,9 +405,14 @@ def extract(text: str, lenient: bool = False) -> Extraction:
         An `Extraction`; ``answers`` is empty when there is no answer. Never raises for a
         `str` input.
     """
-    body = strip_reasoning(text)
+    body = cut_run_on(text)
     if body is None:
         return Extraction(truncated=True)
+    return _extract_body(body, lenient)
+
+
+def _extract_body(body: str, lenient: bool) -> Extraction:
+    """Rules 2-5 of the module docstring on a completion already cut to the model's reply."""
     boxes, truncated = _boxes(body)
     if truncated:
         return Extraction(truncated=True)
@@ -314,10 +430,10 @@ def extract(text: str, lenient: bool = False) -> Extraction:
         if tag is not None and (phrase is None or tag[1] >= phrase[1]):
             inner = tag[0]
             inner_phrase = _last_phrase(inner)
-            ans = unwrap(inner_phrase[0] if inner_phrase is not None else inner)
+            ans = unwrap(cut_prose(unwrap(inner_phrase[0] if inner_phrase is not None else inner)))
             source: Source = "tag"
         else:
-            ans = unwrap(phrase[0])  # type: ignore[index]
+            ans = unwrap(cut_prose(unwrap(phrase[0])))  # type: ignore[index]
             source = "phrase"
         return Extraction((ans,), source) if ans else Extraction(source=source)
     if lenient:

@@ -24,6 +24,10 @@ else 0 (the format reward of DeepSeek-R1, arXiv 2501.12948, kept as a separate t
 
 Several distinct boxes are checked one by one and the row is ``correct`` only if all are:
 listing candidates never pays, equivalent rewrites (``\\frac12`` then ``0.5``) still do.
+The exception is a reference that is itself a list (`list_reference`): ``3, 5, 7`` or
+``\\{3, 5, 7\\}`` (a set: the boxes must be its items in any order, none missing, none
+extra) or ``(2, 3)`` (a sequence: the boxes in that order); the boxes are then scored
+together as one list.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from typing import Literal
 
 from rewards import _pool
 from rewards.extract import extract, is_hedged, reference_answer
-from rewards.numeric import numbers_equal, parse_number, text_key, text_reference
+from rewards.numeric import Number, numbers_equal, parse_number, text_key, text_reference
 
 Status = Literal["correct", "wrong", "no_answer", "timeout", "error"]
 
@@ -102,6 +106,87 @@ def _fast(answer: str, ref: str) -> str | None:
         if pred_num is not None:
             return "correct" if numbers_equal(ref_num, pred_num) else "wrong"
     return None
+
+
+def _split_top(s: str) -> list[str]:
+    """`s` split at commas outside braces (``\\{ \\}`` too), brackets and parentheses."""
+    parts, depth, start, i = [], 0, 0, 0
+    while i < len(s):
+        c = s[i]
+        if c == "\\":
+            depth += {"{": 1, "}": -1}.get(s[i + 1:i + 2], 0)
+            i += 2
+            continue
+        if c in "{[(":
+            depth += 1
+        elif c in "}])":
+            depth -= 1
+        elif c == "," and depth == 0:
+            parts.append(s[start:i].strip())
+            start = i + 1
+        i += 1
+    parts.append(s[start:].strip())
+    return parts
+
+
+def list_reference(ref: str) -> tuple[Literal["set", "sequence"], str, str, list[str]] | None:
+    """Read a reference as a list of several items, or None.
+
+    ``3, 5, 7`` and ``\\{3, 5, 7\\}`` are sets, ``(2, 3)`` a sequence; a number (``1,000``),
+    an interval with a bracket (``[0, 1)``), a hedge or a single item is not a list.
+
+    Returns:
+        ``(kind, open, close, items)``: the delimiters to rebuild the list with.
+    """
+    s = ref.strip()
+    if len(s) > 1000 or parse_number(s) is not None or is_hedged(s):
+        return None
+    kind: Literal["set", "sequence"] = "set"
+    left = right = ""
+    if s.startswith("\\{") and s.endswith("\\}"):
+        left, right, s = "\\{", "\\}", s[2:-2]
+    elif s.startswith("(") and s.endswith(")") and len(_split_top(s[1:-1])) > 1 and _split_top(s)[0] == s:
+        kind, left, right, s = "sequence", "(", ")", s[1:-1]
+    items = _split_top(s)
+    if len(items) < 2 or not all(items):
+        return None
+    return kind, left, right, items
+
+
+def _numbers_match(kind: str, items: list[Number], answers: list[Number]) -> bool:
+    """Every item matched by exactly one answer (a set), or item i by answer i (a sequence)."""
+    if len(items) != len(answers):
+        return False
+    if kind == "sequence":
+        return all(numbers_equal(a, b) for a, b in zip(items, answers))
+    free = list(answers)
+    for item in items:
+        hit = next((k for k, a in enumerate(free) if numbers_equal(item, a)), None)
+        if hit is None:
+            return False
+        free.pop(hit)
+    return True
+
+
+def _list_answer(answers: tuple[str, ...], ref: str) -> tuple[str | None, str | None]:
+    """Several boxes against a list reference: ``(status, None)`` when decided here,
+    ``(None, joined)`` when the joined list must go to math-verify, ``(None, None)`` when the
+    reference is not a list (the boxes are then scored one by one)."""
+    parsed = list_reference(ref)
+    if parsed is None:
+        return None, None
+    kind, left, right, items = parsed
+    if any(is_hedged(a) for a in answers):
+        return "wrong", None
+    ref_nums = [parse_number(i) for i in items]
+    ans_nums = [parse_number(a) for a in answers]
+    if all(n is not None for n in ref_nums + ans_nums):
+        distinct: list[Number] = []
+        for n in ans_nums:  # `3` and `3.0` boxed: one answer
+            if kind == "sequence" or not any(numbers_equal(d, n) for d in distinct):
+                distinct.append(n)  # type: ignore[arg-type]
+        return ("correct" if _numbers_match(kind, ref_nums, distinct) else "wrong"), None  # type: ignore[arg-type]
+    return None, left + ", ".join(answers) + right
 
 
 def _combine(statuses: list[str]) -> Status:
@@ -199,8 +284,16 @@ class MathReward:
             if ex.ambiguous or len(ex.answers) > MAX_DISTINCT_BOXES:
                 out[i] = RewardResult(fmt, ex.text, "wrong")
                 continue
+            answers = ex.answers
+            if len(answers) > 1:
+                decided, joined = _list_answer(answers, ref)
+                if decided is not None:
+                    out[i] = RewardResult(fmt + (decided == "correct"), ex.text, decided)  # type: ignore[arg-type]
+                    continue
+                if joined is not None:
+                    answers = (joined,)
             statuses: list[str | None] = []
-            for j, answer in enumerate(ex.answers):
+            for j, answer in enumerate(answers):
                 status = _fast(answer, ref)
                 if status is None:
                     status = _cache_get((answer, ref), self.timeout_s)

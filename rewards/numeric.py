@@ -6,13 +6,17 @@ normalisers used by the MATH benchmark (Hendrycks et al. 2021, arXiv 2103.03874,
 ``is_equiv``/``strip_string``) and by Minerva (Lewkowycz et al. 2022, arXiv 2206.14858,
 ``normalize_final_answer``): thousands separators (``1,000``, ``10,\\!080``, ``1{,}000``),
 currency (``$``, ``\\$``, ``USD``), trailing ``.00``, ``%``, ``\\text{...}`` wrappers and unit
-words, degrees, ``\\dfrac``/``\\frac``/``a/b``/decimals, leading zeros, ``x = 5``, scientific
-notation with a bounded exponent, "5 million".
+words, degrees, ordinal suffixes (``12th``, ``12^{\\text{th}}``), ``\\dfrac``/``\\frac``/``a/b``/
+decimals, mixed numbers (``1 1/4``, ``2\\frac{3}{4}``: a whole number and a proper fraction),
+leading zeros, assignments ``x = 5`` (the left side one variable; any other equation is left to
+math-verify, which compares both sides), scientific notation with a bounded exponent,
+"5 million".
 
-Comparison copies math-verify's numeric rule (``sympy_numeric_eq``) so both paths agree:
-exact rational equality, except that when either side is written as a decimal both are
-rounded to 6 decimal places first; a percentage also matches its value divided by 100
-(``25%`` = ``25`` = ``0.25``).
+Comparison (`numbers_equal`): exact rational equality; when either side is written as a
+decimal, a relative tolerance of 1e-6 (so ``1e-7`` and ``2e-7`` differ at any magnitude),
+and for plain decimals (no exponent) also equality at 6 decimal places, math-verify's
+``float_rounding`` (so ``1234567.5`` is not ``1234567``; ``0.3333333`` is ``1/3``). A
+percentage also matches its value divided by 100 (``25%`` = ``25`` = ``0.25``).
 
 Safety: every pattern here is linear (no nested unbounded quantifiers), inputs longer than
 200 characters are not parsed, numbers have at most 60 digits and exponents at most 100 in
@@ -30,10 +34,16 @@ from functools import lru_cache
 _MAX_CHARS = 200
 _MAX_EXP = 100
 _ROUND = 10**6  # 6 decimal places, math-verify's float_rounding default
+_RTOL = Fraction(1, 10**6)  # relative tolerance for numbers written as decimals
 
 _WRAP_RE = re.compile(
-    r"\\(?:text|textbf|textit|textrm|textnormal|mathrm|mathbf|mathit|mbox|operatorname)\s*\{([^{}]*)\}"
+    r"\\(?:text|textbf|textit|textrm|textnormal|mathrm|mathbf|mathit|mbox|operatorname|underline|boldsymbol|bm)"
+    r"\s*\{([^{}]*)\}"
 )
+# `12th`, `1^{st}`, `22^\text{nd}` (after `_WRAP_RE`: `22^ nd `): the suffix after a digit.
+_ORDINAL_RE = re.compile(r"(?<=\d)\s*(?:\^\s*\{\s*(?:st|nd|rd|th)\s*\}|\^\s*(?:st|nd|rd|th)|(?:st|nd|rd|th))(?![A-Za-z])")
+# Left side of an assignment `x = 5`: one letter (with a subscript), a Greek letter, or a word.
+_ASSIGNEE_RE = re.compile(r"[A-Za-z](?:_\{?\w+\}?)?|\\[A-Za-z]+|[A-Za-z]{3,}(?: [A-Za-z]+)*")
 _SPACE_RE = re.compile(r"\\[;: ]|\\q?quad(?![A-Za-z])|~|\\(?:left|right)(?![A-Za-z])|\\displaystyle")
 _DEGREE_RE = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|\\degree|°")
 _WS_RE = re.compile(r"\s+")
@@ -43,7 +53,9 @@ _FULL_RE = re.compile(
     rf"""
     (?P<s1>[+-]?)\s*(?P<cur>\$|€|£|¥|USD(?![A-Za-z]))?\s*(?P<s2>[+-]?)\s*
     (?:
-        \\frac\s*\{{\s*(?P<fn>[+-]?(?:{_NUM}))\s*\}}\s*\{{\s*(?P<fd>[+-]?(?:{_NUM}))\s*\}}
+        (?P<mw>\d+)\s*(?:\\frac\s*\{{\s*(?P<mn>\d+)\s*\}}\s*\{{\s*(?P<md>\d+)\s*\}}|\\frac\s*(?P<mn1>\d)(?P<md1>\d)
+                          |\s(?P<mn2>\d+)\s*/\s*(?P<md2>\d+))
+      | \\frac\s*\{{\s*(?P<fn>[+-]?(?:{_NUM}))\s*\}}\s*\{{\s*(?P<fd>[+-]?(?:{_NUM}))\s*\}}
       | \\frac\s*(?P<fn1>\d)\s*(?P<fd1>\d)
       | (?P<n>{_NUM})
         (?:\s*/\s*(?P<d>{_NUM}))?
@@ -65,13 +77,16 @@ class Number:
 
     Attributes:
         value: exact value (percent sign not applied).
-        decimal: written with a decimal point or exponent (compare at 6 decimal places).
+        decimal: written with a decimal point or exponent (compared with a tolerance).
         percent: written with ``%``.
+        scientific: written with an exponent (``2e-7``, ``2 \\times 10^{-7}``): compared with
+            the relative tolerance only, never at 6 decimal places.
     """
 
     value: Fraction
     decimal: bool
     percent: bool
+    scientific: bool = False
 
 
 def _clean(s: str) -> str:
@@ -86,6 +101,7 @@ def _clean(s: str) -> str:
             break
         s = s2
     s = _DEGREE_RE.sub("", s)
+    s = _ORDINAL_RE.sub("", s)
     s = _WS_RE.sub(" ", s).strip()  # single spaces keep `_FULL_RE` free of backtracking
     while s.startswith("{") and s.endswith("}") and s.count("{") == 1:
         s = s[1:-1].strip()
@@ -102,11 +118,12 @@ def parse_number(s: str) -> Number | None:
 
     Args:
         s: an extracted answer or a reference, e.g. ``"$1,000.00"``, ``"x = \\dfrac{1}{2}"``,
-            ``"25\\%"``, ``"30^\\circ"``, ``"5 \\text{ cm}"``.
+            ``"25\\%"``, ``"30^\\circ"``, ``"5 \\text{ cm}"``, ``"12^{\\text{th}}"``, ``"1 1/4"``.
 
     Returns:
         A `Number`, or None when `s` is anything else (expressions, tuples, relations,
-        variables, text, over 200 characters). Never raises.
+        equations other than ``variable = number``, variables, text, an improper fraction
+        after a whole number, over 200 characters). Never raises.
     """
     if len(s) > _MAX_CHARS:
         return None
@@ -114,7 +131,10 @@ def parse_number(s: str) -> Number | None:
     if _RELATION_RE.search(s):
         return None
     if "=" in s:
-        s = s.rsplit("=", 1)[1].strip()
+        lhs, _, s = s.partition("=")
+        if "=" in s or _ASSIGNEE_RE.fullmatch(lhs.strip()) is None:
+            return None  # `3x + 4y = 7` is an equation, not the number 7: math-verify compares it
+        s = s.strip()
     m = _FULL_RE.fullmatch(s)
     if m is None:
         return None
@@ -122,9 +142,14 @@ def parse_number(s: str) -> Number | None:
     if g["s1"] and g["s2"]:
         return None
     negative = "-" in (g["s1"] + g["s2"])
-    decimal = False
+    decimal = scientific = False
     try:
-        if g["fn"] is not None:
+        if g["mw"] is not None:  # mixed number: whole + proper fraction
+            mn, md = next((g[a], g[b]) for a, b in (("mn", "md"), ("mn1", "md1"), ("mn2", "md2")) if g[a] is not None)
+            if len(g["mw"] + mn + md) > 60 or not 0 < int(mn) < int(md):
+                return None  # `3 5/4` is not a mixed number
+            num, den = int(g["mw"]) * Fraction(int(md)) + int(mn), Fraction(int(md))
+        elif g["fn"] is not None:
             num, den = _frac(g["fn"]), _frac(g["fd"])
             decimal = "." in g["fn"] + g["fd"]
         elif g["fn1"] is not None:
@@ -140,7 +165,7 @@ def parse_number(s: str) -> Number | None:
                 if abs(int(exp)) > _MAX_EXP:
                     return None
                 num *= Fraction(10) ** int(exp)
-                decimal = True
+                decimal = scientific = True
     except (ValueError, ZeroDivisionError):
         return None
     if den == 0:
@@ -154,21 +179,35 @@ def parse_number(s: str) -> Number | None:
         if first.lower() in ("or", "and", "to", "plus", "minus", "times", "over", "e", "i"):
             return None
         value *= _MULTIPLIER.get(first.lower(), 1)
-    return Number(-value if negative else value, decimal, g["pct"] is not None)
+    return Number(-value if negative else value, decimal, g["pct"] is not None, scientific)
 
 
 def _round6(x: Fraction) -> Fraction:
     return Fraction(round(x * _ROUND), _ROUND)
 
 
+def close(a: Fraction, b: Fraction, places: bool = True) -> bool:
+    """Decimal equality: ``|a - b| <= 1e-6 * max(|a|, |b|)`` and, when `places`, equal at 6
+    decimal places (math-verify's ``float_rounding``). Exact arithmetic on fractions."""
+    if abs(a - b) > _RTOL * max(abs(a), abs(b)):
+        return False
+    return not places or _round6(a) == _round6(b)
+
+
 def numbers_equal(ref: Number, pred: Number) -> bool:
-    """math-verify's numeric equality on two parsed numbers (see module docstring)."""
+    """Numeric equality of two parsed numbers (rule in the module docstring).
+
+    Exact for integers and fractions; with a decimal side, `close` (relative tolerance 1e-6,
+    plus 6 decimal places unless a side is written with an exponent). A percentage also
+    matches its value / 100.
+    """
     refs = [ref.value] + ([ref.value / 100] if ref.percent else [])
     preds = [pred.value] + ([pred.value / 100] if pred.percent else [])
     rounded = ref.decimal or pred.decimal
+    places = not (ref.scientific or pred.scientific)
     for a in refs:
         for b in preds:
-            if a == b or (rounded and _round6(a) == _round6(b)):
+            if a == b or (rounded and close(a, b, places)):
                 return True
     return False
 

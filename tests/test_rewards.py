@@ -164,6 +164,124 @@ def test_lenient_table(completion, reference, status):
     assert res.status == status, res
 
 
+# Issue 15: one table per kind of wrong verdict; rows marked "issue row" come from the issue.
+RUN_ON = "Janet sells 16 - 3 - 4 = 9 eggs, earning 9 * 2 = 18 dollars.\n#### 18\nQuestion: A farmer has 3 cows. He buys 9 more. How many?\n#### 12"
+KIND_CASES = {
+    "equation": [
+        (r"... so the answer is $\boxed{3x - y + 13 = 0}$.", "3x + 4y + 14 = 0", "wrong", "3x - y + 13 = 0"),  # issue row: same right side only
+        (r"$\boxed{6x + 8y + 28 = 0}$", "3x + 4y + 14 = 0", "correct", ANY),  # same line times 2
+        (r"$\boxed{-3x - 4y = 14}$", "3x + 4y + 14 = 0", "correct", ANY),  # times -1, terms moved across
+        (r"$\boxed{y = 2x + 3}$", "2x - y + 3 = 0", "correct", ANY),  # slope-intercept against general form
+        (r"$\boxed{2y = 4x + 6}$", "y = 2x + 3", "correct", ANY),  # both sides doubled
+        (r"$\boxed{y = 2x + 4}$", "y = 2x + 3", "wrong", ANY),  # a different line
+        (r"$\boxed{x^2 + y^2 = 5}$", "x^2 + y^2 = 25", "wrong", ANY),  # same left side, different right side
+        (r"$\boxed{3x + 4y = 7}$", "7", "wrong", ANY),  # an equation is not its right side
+        (r"$\boxed{5 = 12}$", "12", "wrong", ANY),  # a false equation ending in the answer
+        (r"$\boxed{3 \times 4 = 12}$", "12", "correct", ANY),  # a true computation ending in the answer
+        (r"$\boxed{x = 5}$", "x = 5", "correct", ANY),  # the same assignment
+    ],
+    "tolerance": [
+        (r"The rate constant is $\boxed{2 \times 10^{-7}}$.", r"1 \times 10^{-7}", "wrong", ANY),  # issue row: equal at 6 decimal places only
+        (r"$\boxed{1.0 \times 10^{-7}}$", r"1 \times 10^{-7}", "correct", ANY),  # same value, other form
+        (r"$\boxed{0.0000002}$", "0.0000001", "wrong", ANY),  # plain decimals below 1e-6
+        (r"$\boxed{2e-7}$", "1e-7", "wrong", ANY),  # e-notation
+        (r"$\boxed{1.23 \times 10^{-12}}$", r"1.24 \times 10^{-12}", "wrong", ANY),  # differ in the third digit
+        (r"$\boxed{\frac{1}{2^{98}}}$", r"\frac{1}{2^{99}}", "wrong", ANY),  # symbolic path: tiny exact values
+        (r"$\boxed{2^{-99}}$", r"\frac{1}{2^{99}}", "correct", ANY),  # symbolic path: same tiny value
+        (r"$\boxed{\sqrt{3} \times 10^{-9}}$", r"1.4142136 \times 10^{-9}", "wrong", ANY),  # symbolic path: a decimal reference
+        (r"$\boxed{\sqrt{2} \times 10^{-9}}$", r"1.4142136 \times 10^{-9}", "correct", ANY),  # ... and its right value
+        (r"$\boxed{6.02214076 \times 10^{23}}$", r"6.0221408 \times 10^{23}", "correct", ANY),  # large: equal to 8 digits
+        (r"$\boxed{6.1 \times 10^{23}}$", r"6.0221408 \times 10^{23}", "wrong", ANY),  # large: differ in the second digit
+        (r"$\boxed{3.0 \times 10^{8}}$", "300000000", "correct", ANY),  # scientific against plain
+        (r"$\boxed{1234567.5}$", "1234567", "wrong", ANY),  # a plain decimal keeps its 6 places
+    ],
+    "bare_box": [
+        ("Mark your solution with \\boxed\n\nWe get 3 * 4 = 12, so the answer is $\\boxed{12}$.", "12", "correct", "12"),  # issue row
+        ("Put your final answer in \\boxed.\nThe sum is $\\boxed{9}$.", "9", "correct", "9"),  # instruction echoed with a period
+        (r"Use \boxed for the answer. The answer is 7.", "7", "correct", "7"),  # a word after \boxed is no answer
+        (r"Format: \boxed answer. Here it is: \boxed{6}.", "6", "correct", "6"),  # ... nor does it hide the real box
+        ("Write \\boxed\n7 is what I get, so the answer is 8.", "7", "wrong", "8"),  # a token on the next line is not boxed
+        (r"The result: \boxed 5.", "5", "correct", "5"),  # `\boxed 5` on one line still counts
+    ],
+    "list": [
+        (r"The solutions are $\boxed{3}$, $\boxed{5}$ and $\boxed{7}$.", "3, 5, 7", "correct", "3 | 5 | 7"),  # issue row
+        (r"$\boxed{7}$, $\boxed{3}$, $\boxed{5}$", "3, 5, 7", "correct", ANY),  # a set: any order
+        (r"$\boxed{3}$ and $\boxed{5}$", "3, 5, 7", "wrong", ANY),  # one solution missing
+        (r"$\boxed{3}$, $\boxed{5}$, $\boxed{7}$, $\boxed{9}$", "3, 5, 7", "wrong", ANY),  # one too many
+        (r"$\boxed{5}$ and $\boxed{3}$", r"\{3, 5\}", "correct", ANY),  # set reference
+        (r"$\boxed{x = 2}$ or $\boxed{x = 3}$", "2, 3", "correct", ANY),  # roots written as assignments
+        (r"$\boxed{\frac{1}{2}}$, $\boxed{-2}$", r"-2, \frac12", "correct", ANY),  # fractions
+        (r"$\boxed{\sqrt{2}}$, $\boxed{-\sqrt{2}}$", r"-\sqrt{2}, \sqrt{2}", "correct", ANY),  # symbolic items
+        (r"$\boxed{2}$, $\boxed{3}$", "(2, 3)", "correct", ANY),  # an ordered pair in order
+        (r"$\boxed{3}$, $\boxed{2}$", "(2, 3)", "wrong", ANY),  # ... and out of order
+        (r"$\boxed{3}$ or $\boxed{5}$", "3", "wrong", ANY),  # hedging on a single value still scores 0
+        (r"$\boxed{3}$, i.e. $\boxed{3.0}$", "3", "correct", ANY),  # the same value twice is no hedge
+    ],
+    "decoration": [
+        (r"She finishes in $\boxed{12^{\text{th}}}$ place.", "12", "correct", ANY),  # issue row: ordinal suffix
+        (r"$\boxed{12th}$", "12", "correct", ANY),  # plain ordinal
+        (r"$\boxed{1^{st}}$", "1", "correct", ANY),  # superscript without \text
+        (r"$\boxed{22^\text{nd}}$", "22", "correct", ANY),  # \text without braces around it
+        (r"$\boxed{12^{\text{th}}}$", "13", "wrong", ANY),  # an ordinal of another number
+        (r"$\boxed{18 \text{ km/h}}$", "18", "correct", ANY),  # unit with a slash
+        (r"$\boxed{18 \text{ cm}^{2}}$", "18", "correct", ANY),  # squared unit
+        (r"$\boxed{\$18.50 \text{ per hour}}$", "18.5", "correct", ANY),  # currency and a rate
+        (r"$\boxed{\underline{18}}$", "18", "correct", ANY),  # underlined
+        (r"$\boxed{\textbf{18} \text{ apples}}$", "18", "correct", ANY),  # bold and a unit word
+        (r"$\boxed{1 1/4}$", r"\frac{5}{4}", "correct", ANY),  # mixed number with a slash
+        (r"$\boxed{2 \frac{3}{4}}$", r"\frac{11}{4}", "correct", ANY),  # mixed number in LaTeX
+        (r"$\boxed{-1\frac{1}{2}}$", r"-\frac{3}{2}", "correct", ANY),  # negative mixed number
+        ("The answer is 3 1/2 hours.", "3.5", "correct", ANY),  # mixed number in a phrase
+        (r"$\boxed{1.25}$", r"1\frac14", "correct", ANY),  # mixed-number reference
+        (r"$\boxed{1 1/4}$", r"\frac{1}{4}", "wrong", ANY),  # a mixed number is not a product
+        (r"$\boxed{x > 3}$", r"(3, \infty)", "correct", ANY),  # inequality against its interval
+        (r"$\boxed{x \ge 2}$", r"[2, \infty)", "correct", ANY),  # closed end
+        (r"$\boxed{-1 \le x < 2}$", "[-1, 2)", "correct", ANY),  # double inequality
+        (r"$\boxed{x < 5}$", r"(-\infty, 5)", "correct", ANY),  # towards minus infinity
+        (r"$\boxed{x > 3}$", r"[3, \infty)", "wrong", ANY),  # endpoint differs
+        (r"$\boxed{x \le 3}$", r"(3, \infty)", "wrong", ANY),  # the complement
+        (r"$\boxed{(3, \infty)}$", "x > 3", "correct", ANY),  # interval against an inequality reference
+    ],
+    "marker_prose": [
+        ("The answer is 72, in total, so the farmer earns that much.", "72", "correct", "72"),  # issue row
+        ("The answer is 72 because 8 * 9 is 72.", "72", "correct", "72"),  # a reason after the answer
+        ("So the final answer is 15, which is the number of pens.", "15", "correct", "15"),  # relative clause
+        ("The answer is Monday, since the week starts on Sunday.", r"\text{Monday}", "correct", "Monday"),  # text answer
+        ("Answer: 40 (the total cost in dollars).", "40", "correct", "40"),  # parenthetical remark
+        ("#### 18 dollars, so she earns 18 a day", "18", "correct", ANY),  # after ####
+        ("The answer is 3, 5, 7.", "3, 5, 7", "correct", ANY),  # a list is not prose
+        ("The answer is 12 or 18, depending on the day.", "18", "wrong", ANY),  # the hedge is still seen
+        ("The answer is 9 as she has 9 left.", "9", "correct", "9"),  # "as" ends the answer
+    ],
+    "run_on": [
+        (RUN_ON, "18", "correct", "18"),  # issue row: a new question after the answer
+        ("9 * 2 = 18, so \\boxed{18}.\n\nQ: Tom has 5 apples. How many?\nA: \\boxed{5}", "18", "correct", "18"),  # Q: after a box
+        ("The answer is 18.\nProblem: A train leaves at 3.\nThe answer is 40.", "18", "correct", "18"),  # Problem:
+        ("The answer is 18.<|im_end|>\n<|im_start|>user\nNow 3+4? The answer is 7.", "18", "correct", "18"),  # new chat turn
+        ("So \\boxed{18}\nHuman: thanks! And 2+2?\nAssistant: \\boxed{4}", "18", "correct", "18"),  # Human:/Assistant: turns
+        ("#### 18\nUser: next one please\n#### 3", "18", "correct", "18"),  # User: turn
+        ("#### 18\n\n**Question 2:** Sam has 7 pens.\n#### 7", "18", "correct", "18"),  # decorated, numbered marker
+        ("Example:\nQuestion: 2 + 3?\nAnswer: 5\n\nNow ours: 9 * 2 = 18.\n#### 18", "18", "correct", "18"),  # few-shot example first
+        ("Q: a\nA: 5*10=50\n#### 50\n\nQ: b\nA: 9*2=18\n#### 18", "18", "correct", "18"),  # echoed few-shot blocks: last wins
+        ("Question: what is 9 * 2?\nAnswer: 18", "18", "correct", "18"),  # the completion restates its question
+        ("Q: 2 + 3?\nA: \\boxed{5}\n\nQ: 9 * 2?\nA: \\boxed{18}", "18", "correct", "18"),  # echoed boxed blocks: the last one only
+        ("Question: 9 * 2?\nSo \\boxed{18}.\nQuestion: and 3 + 4?", "18", "correct", "18"),  # last echoed block has no answer
+        ("Let me restate.\nProblem: 9 * 2 eggs.\nSo the answer is 18.", "18", "correct", "18"),  # no answer before the marker: no cut
+    ],
+}
+KIND_ROWS = [(kind, *row) for kind, rows in KIND_CASES.items() for row in rows]
+_KIND_SCORER = MathReward(timeout_s=10.0)  # symbolic rows take up to 0.4 s of CPU; room for a loaded machine
+
+
+@pytest.mark.parametrize("kind,completion,reference,status,extracted", KIND_ROWS)
+def test_issue15_kinds(kind, completion, reference, status, extracted):
+    [res] = _KIND_SCORER([completion], [reference])
+    assert res.status == status, (kind, res)
+    if extracted is not ANY:
+        assert res.extracted == extracted
+    assert res.reward == (1.0 if status == "correct" else 0.0)
+
+
 def test_case_count():
     assert len(CASES) + len(LENIENT_CASES) >= 60
 

@@ -153,3 +153,128 @@ def test_batch_equals_rows_in_order(rows):
     refs = [str(b) for _, b, _ in rows]
     batch = reward(comps, refs)
     assert batch == [reward([c], [r])[0] for c, r in zip(comps, refs)]
+
+
+# --- issue 15: the kinds of wrong verdicts, as properties ------------------------------
+
+POOLED = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+nonzero = st.integers(-9, 9).filter(bool)
+
+
+def _linear(a: int, b: int, c: int) -> str:
+    """``a x + b y + c`` in LaTeX with its signs folded: ``3x - 4y + 14``."""
+    out = f"{a}x"
+    for coef, var in ((b, "y"), (c, "")):
+        out += f" {'-' if coef < 0 else '+'} {abs(coef)}{var}"
+    return out
+
+
+@POOLED
+@given(nonzero, nonzero, st.integers(-20, 20), st.integers(-4, 4).filter(bool), st.integers(1, 9))
+def test_equation_matches_its_nonzero_multiples_only(a, b, c, k, d):
+    ref = _linear(a, b, c) + " = 0"
+    comps = [
+        rf"$\boxed{{{_linear(k * a, k * b, k * c)} = 0}}$",  # both sides times k: the same line
+        rf"$\boxed{{{_linear(a, b, c + d)} = 0}}$",  # another constant: a parallel line
+        rf"$\boxed{{{_linear(a, b, 0)[:-4]} = {-c}}}$",  # the same line with c moved across ...
+    ]
+    refs = [ref, ref, str(-c)]  # ... is not its right side
+    assert [r.status for r in reward(comps, refs)] == ["correct", "wrong", "wrong"]
+
+
+SCIENTIFIC = [
+    lambda m, e: rf"{m} \times 10^{{{e}}}",  # 123 \times 10^{-9}
+    lambda m, e: f"{m}e{e}",  # 123e-9
+    lambda m, e: rf"{_plain(Fraction(m, 10))} \cdot 10^{{{e + 1}}}",  # 12.3 \cdot 10^{-8}
+    lambda m, e: _plain(Fraction(m) * Fraction(10) ** e),  # 0.000000123
+]
+
+
+@FAST
+@given(st.integers(1, 999), st.integers(1, 999), st.integers(-40, 40), st.sampled_from(SCIENTIFIC), st.sampled_from(SCIENTIFIC))
+def test_tiny_and_huge_numbers_compare_relatively(m1, m2, e, r_ref, r_pred):
+    assume(m1 != m2)
+    comps = [rf"$\boxed{{{r_pred(m1, e)}}}$", rf"$\boxed{{{r_pred(m2, e)}}}$"]
+    assert [r.status for r in reward(comps, [r_ref(m1, e)] * 2)] == ["correct", "wrong"]
+
+
+@POOLED
+@given(st.integers(20, 300))
+def test_tiny_powers_of_two_differ(k):
+    comps = [rf"$\boxed{{\frac{{1}}{{2^{{{k + 1}}}}}}}$", rf"$\boxed{{2^{{-{k}}}}}$"]
+    assert [r.status for r in reward(comps, [rf"\frac{{1}}{{2^{{{k}}}}}"] * 2)] == ["wrong", "correct"]
+
+
+PLAIN_TEXT = st.text(alphabet="abcdefghij ,.:;!?", max_size=80)
+
+
+@FAST
+@given(PLAIN_TEXT, st.sampled_from(["", ".", ":", "\n", "\n\n", " for the answer", " answer"]), st.integers(0, 10**6))
+def test_bare_box_is_no_answer_and_hides_nothing(text, after, n):
+    completion = f"Mark your solution with \\boxed{after}{text}\nWe get $\\boxed{{{n}}}$."
+    assert extract_answer(completion) == str(n)
+
+
+@FAST
+@given(st.lists(st.integers(-50, 50), min_size=3, max_size=6, unique=True), st.randoms(use_true_random=False))
+def test_boxed_items_against_a_list_reference(items, rnd):
+    boxes = lambda vs: ", ".join(rf"$\boxed{{{v}}}$" for v in vs)  # noqa: E731
+    shuffled = rnd.sample(items, len(items))
+    comps = [boxes(shuffled), boxes(shuffled[:-1]), boxes(shuffled + [max(items) + 1]), boxes(items), boxes(items[::-1]),
+             boxes(items[:2])]
+    refs = [", ".join(map(str, items))] * 3 + [f"({items[0]}, {items[1]}, {items[2]})" if len(items) == 3 else str(items[0])] * 2
+    refs += [str(items[0])]  # a single value: two different boxes are a hedge
+    want = ["correct", "wrong", "wrong", "correct" if len(items) == 3 else "wrong", "wrong", "wrong"]
+    assert [r.status for r in reward(comps, refs)] == want
+
+
+ORDINALS = [lambda n: f"{n}th", lambda n: rf"{n}^{{\text{{th}}}}", lambda n: f"{n}^{{st}}", lambda n: rf"{n}^\text{{nd}}"]
+UNITS = [r"\text{ km/h}", r"\text{ cm}^{2}", r"\ \text{apples}", r"\,\mathrm{m}", " dollars", r"\text{ per hour}"]
+
+
+@FAST
+@given(st.integers(1, 10**6), st.sampled_from(ORDINALS), st.sampled_from(UNITS))
+def test_ordinals_and_units_decorate_a_number(n, ordinal, unit):
+    comps = [rf"\boxed{{{ordinal(n)}}}", rf"\boxed{{{ordinal(n)}}}", rf"\boxed{{\underline{{{n}}}{unit}}}"]
+    assert [r.status for r in reward(comps, [str(n), str(n + 1), str(n)])] == ["correct", "wrong", "correct"]
+
+
+@FAST
+@given(st.integers(1, 999), st.integers(2, 99), st.data())
+def test_mixed_number_is_a_sum_not_a_product(w, q, data):
+    p = data.draw(st.integers(1, q - 1))
+    form = data.draw(st.sampled_from([f"{w} {p}/{q}", rf"{w}\frac{{{p}}}{{{q}}}", rf"{w} \frac{{{p}}}{{{q}}}"]))
+    value, product = rf"\frac{{{w * q + p}}}{{{q}}}", rf"\frac{{{w * p}}}{{{q}}}"
+    assert [r.status for r in reward([rf"\boxed{{{form}}}"] * 2, [value, product])] == ["correct", "wrong"]
+
+
+@POOLED
+@given(st.integers(-50, 50), st.sampled_from([(">", "({a}, \\infty)", "[{a}, \\infty)"), ("\\le", "(-\\infty, {a}]", "(-\\infty, {a})")]))
+def test_inequality_is_its_interval(a, case):
+    rel, same, other = case
+    comp = rf"$\boxed{{x {rel} {a}}}$"
+    assert [r.status for r in reward([comp, comp], [same.format(a=a), other.format(a=a)])] == ["correct", "wrong"]
+
+
+PROSE = [", in total, so the farmer earns that much.", " because 8 * 9 is 72.", ", which is the number of pens.",
+         " (the total cost in dollars).", " as she has that many left.", " since the rest is spent.", " \u2014 the total."]
+
+
+@FAST
+@given(st.integers(-(10**6), 10**6), st.sampled_from(PROSE), st.sampled_from(["The answer is ", "Final answer: ", "#### "]))
+def test_answer_marker_then_prose_takes_the_answer(n, prose, marker):
+    assert extract_answer(f"Some work.\n{marker}{n}{prose}") == str(n)
+
+
+MARKERS = ["Question:", "Q:", "Problem:", "**Question 2:**", "Human:", "User:"]
+FORMS = [lambda n: f"#### {n}", lambda n: f"The answer is {n}.", lambda n: rf"So $\boxed{{{n}}}$."]
+
+
+@FAST
+@given(st.integers(0, 10**6), st.integers(0, 10**6), st.sampled_from(MARKERS), st.sampled_from(FORMS))
+def test_run_on_question_is_cut_and_few_shot_echo_kept(a, b, marker, form):
+    assume(a != b)
+    run_on = f"Some work.\n{form(a)}\n{marker} A new problem about {b} things.\n{form(b)}"
+    few_shot = f"{marker} An example about {b}.\n{form(b)}\n\n{marker} Ours.\n{form(a)}"
+    turn = f"Some work.\n{form(a)}<|im_end|>\n<|im_start|>user\n{form(b)}"
+    assert [extract_answer(t) for t in (run_on, few_shot, turn)] == [str(a)] * 3
