@@ -18,6 +18,11 @@ Figures (matplotlib, Agg; a figure whose data no run has is skipped, and report.
 | ``passk.png`` | k (log2) | pass@k of each evaluated condition (Chen et al. 2021 estimator) |
 | ``throughput.png`` | generation | generated tokens per second of generate time |
 
+``essa report multirun/<time>`` (one Hydra sweep directory) prints one table of all its jobs
+(overrides, status, final accuracy of the mean genome with its 95 % interval when summary.json has
+``val_ci95``, wall time), best first, and writes it into ``<sweep>/report/report.md`` above the
+figures of every job, overlaid (:func:`make_sweep_report`).
+
 Several runs are overlaid on one axis, one colour per run, labelled by ``run.json``'s label
 (method + overrides), so ESSA and baseline runs compare directly. In the accuracy figures the
 ``mean`` curve of an ES run starts at the ``sft`` point of step 0: genome zero decodes to the warm
