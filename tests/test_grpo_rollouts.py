@@ -163,3 +163,20 @@ def test_publisher_ids_and_files(tmp_path):
         pub.publish(model, 0)
     pub.close()
     assert not pub.root.exists()
+
+
+def test_vllm_output_to_completion():
+    """engine.backends.vllm_local._with_logprobs on vLLM 0.32's output types (logprobs=0: the sampled token)."""
+    from vllm.logprobs import Logprob
+    from vllm.outputs import CompletionOutput
+
+    from engine.backends.vllm_local import _with_logprobs
+
+    lps = [{5: Logprob(-0.5, 1)}, {7: Logprob(float("nan"), 1)}, {2: Logprob(-1.25, 1)}]
+    out = CompletionOutput(index=0, text="a b", token_ids=[5, 7, 2], cumulative_logprob=None, logprobs=lps)
+    c = _with_logprobs(out, [1, 2, 3])
+    assert (c.text, c.n_tokens, c.token_ids, c.prompt_token_ids) == ("a b", 3, [5, 7, 2], [1, 2, 3])
+    assert c.logprobs == [-0.5, None, -1.25]                       # NaN -> None, as TRL expects
+    short = CompletionOutput(index=0, text="a", token_ids=[5, 7], cumulative_logprob=None, logprobs=lps[:1])
+    with pytest.raises(RuntimeError, match="1 logprobs for 2 tokens"):
+        _with_logprobs(short, [1])
