@@ -266,7 +266,7 @@ def test_eval_engine_rank_covers_rank_pattern(tmp_path):
     cfg = compose_eval(["task.val_size=2", f"adapters=[{adapter}]"])
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ev, "build_backend", fake_build_backend)
-        mp.setattr("engine.model.resolve_model_path", lambda path: str(path))
+        mp.setattr("engine.model.resolve_model_path", lambda path, *args, **kwargs: str(path))
         with pytest.raises(RuntimeError, match="stop before"):
             run_eval(cfg, tmp_path / "out")
     assert built["rank"] == 64
