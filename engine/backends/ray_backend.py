@@ -296,6 +296,54 @@ class EvaluatorActor:
 
 
 # ----------------------------------------------------------------------------- the driver side
+def running_cluster_address() -> str | None:
+    """Address of the Ray cluster a bare ``ray.init()`` would join: ``RAY_ADDRESS`` when set and not
+    empty, else the cluster of the last ``ray start`` on this machine; None when there is none.
+
+    Uses Ray's own lookup (``ray._private.services.canonicalize_bootstrap_address``, Ray 2.x), so
+    the answer is the one ``ray.init`` acts on; falls back to ``RAY_ADDRESS`` alone if that moves.
+    """
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+    except ImportError:  # pragma: no cover - a Ray without the private helper
+        return os.environ.get("RAY_ADDRESS") or None
+    return canonicalize_bootstrap_address(None)
+
+
+def connect_ray(address: str | None, num_cpus: int) -> bool:
+    """Connect this driver to Ray; return True when it started a local instance it must shut down.
+
+    Ray refuses ``ray.init(num_cpus=...)`` when it finds a running cluster ("When connecting to an
+    existing cluster, num_cpus and num_gpus must not be provided"), so:
+
+    * ``address`` set (``engine.address``: ``"auto"`` or ``host:port``): connect there;
+    * else a running cluster (:func:`running_cluster_address`: ``RAY_ADDRESS``, or ``ray start --head``
+      on this machine): connect to it and log that, since its resources, not ``num_cpus``, apply;
+    * else start a local instance with ``num_cpus`` logical CPUs (no dashboard).
+
+    Args:
+        address: ``engine.address``; empty or None = find a running cluster or start one.
+        num_cpus: logical CPUs of a new local instance.
+
+    Raises:
+        ConnectionError: the named or found cluster cannot be reached (Ray's error).
+    """
+    if address:
+        ray.init(address=address, log_to_driver=True)
+        log.info("Ray: connected to the cluster at engine.address=%s", address)
+        return False
+    found = running_cluster_address()
+    if found:
+        ray.init(address=found, log_to_driver=True)
+        log.info("Ray: engine.address is empty and a cluster is running (%s): connected to it at %s and use its "
+                 "resources; unset RAY_ADDRESS or run `ray stop` to get a local instance instead",
+                 "RAY_ADDRESS" if os.environ.get("RAY_ADDRESS") else "ray start", found)
+        return False
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+    log.info("Ray: no running cluster found; started a local instance with %d CPUs", num_cpus)
+    return True
+
+
 class RayPopulationEvaluator:
     """The ``engine=ray`` population evaluator: same interface as :class:`PopulationEvaluator`.
 
@@ -307,8 +355,9 @@ class RayPopulationEvaluator:
         meta: adapter metadata.
         reward_fn: picklable reward function (rewards.MathReward).
 
-    Connects to ``engine.address`` when set (an existing cluster: ``"auto"`` or ``host:port``),
-    else starts a local Ray instance with ``num_actors x cpus_per_actor`` logical CPUs, and starts
+    Connects to Ray with :func:`connect_ray`: ``engine.address`` when set (``"auto"`` or
+    ``host:port``), else a running cluster (``RAY_ADDRESS`` or ``ray start``) when there is one, else
+    a new local instance with ``num_actors x cpus_per_actor`` logical CPUs (at least the cores); starts
     ``engine.num_actors`` actors, each with ``cpus_per_actor`` CPUs and, when the cluster has GPUs,
     ``tensor_parallel_size`` GPUs if that is > 1 else ``gpus_per_actor`` (fractional = several
     engines share a GPU; lower ``engine.gpu_memory_utilization`` to match).
@@ -323,12 +372,7 @@ class RayPopulationEvaluator:
         self.num_actors = int(e.num_actors)
         self._owns_ray = False
         if not ray.is_initialized():
-            if e.address:
-                ray.init(address=e.address, log_to_driver=True)
-            else:
-                ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(self.num_actors * e.cpus_per_actor)),
-                         include_dashboard=False, log_to_driver=True)
-                self._owns_ray = True
+            self._owns_ray = connect_ray(e.address, max(os.cpu_count() or 1, math.ceil(self.num_actors * e.cpus_per_actor)))
         res = ray.cluster_resources()
         gpus_total = float(res.get("GPU", 0.0))
         gpus = (float(e.tensor_parallel_size) if e.tensor_parallel_size > 1 else float(e.gpus_per_actor)) \
