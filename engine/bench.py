@@ -418,7 +418,7 @@ def main(cfg) -> dict:
     from .backends import Sampling
     from .backends.vllm_local import VLLMBackend, is_cpu_platform
     from .hardware import detect_device, resolve_dtype
-    from .model import resolve_model_path
+    from .model import resolve_model_path, serving_model_path
     from .prompts import build_prompt
 
     populations, B, T, phases_p = check_settings(cfg)
@@ -426,7 +426,9 @@ def main(cfg) -> dict:
     dtype, dtype_reason = resolve_dtype(cfg.model.dtype, device)  # logs one line
     out_path = Path(cfg.output) if cfg.get("output") else Path(_run_dir()) / "bench.json"
 
-    model = resolve_model_path(cfg.model.path)
+    float_model = resolve_model_path(cfg.model.path)
+    quantization = cfg.model.get("quantization")
+    model = serving_model_path(float_model, quantization)  # what vLLM serves: float or quantized (model.quantization)
     qa = load_questions(cfg.data, B)
     answers = [a for _, a in qa]
     sampling = Sampling(max_tokens=T, temperature=0.0)
@@ -438,7 +440,7 @@ def main(cfg) -> dict:
                 "fast_lora": fast, "repeats": int(cfg.repeats), "engine": OmegaConf.to_container(cfg.engine, resolve=True),
                 "data": str(cfg.data), "sampling": "greedy", "seed": int(cfg.seed), "prefix_caching": False,
                 "lora_target_modules": list(cfg.lora.target_modules), "dtype": dtype, "dtype_reason": dtype_reason,
-                "dtype_requested": str(cfg.model.dtype)}
+                "dtype_requested": str(cfg.model.dtype), "quantization": quantization}
     result: dict[str, Any] = {"machine": machine_info(device), "settings": settings, "rows": [], "notes": notes,
                               "loadavg_start": os.getloadavg()}
 
@@ -527,7 +529,7 @@ def main(cfg) -> dict:
         from .adapters import write_adapter
         dirs = [str(write_adapter(root / "naive" / f"cand_{i}", lora, meta["rank"], meta["alpha"], model))
                 for i, lora in enumerate(loras)]
-        nv = naive_per_candidate(model, dirs, prompts, T, dtype)
+        nv = naive_per_candidate(float_model, dirs, prompts, T, dtype)
         result["naive"] = nv
         notes.append(f"naive: transformers+peft, {nv['candidates_timed']} candidate(s) timed (load adapter, generate "
                      f"over B={B} prompts, unload); P candidates = P x the per-candidate mean (extrapolated)")

@@ -5,7 +5,8 @@
     essa eval  [overrides...]     accuracy / pass@k of a model with or without adapters
     essa grpo  [overrides...]     GRPO / F-GRPO baseline (TRL)
     essa report RUN_DIR [...]     PNG figures + Markdown summary of run directories
-    essa prepare-model            convert the embedded default model once
+    essa prepare-model [--quantization int8,int4] [--model PATH] [--force]
+                                  convert the embedded default model once; write quantized copies
 
 Hydra composes each command's config from conf/ (``conf/<command>.yaml``); every field is
 overridable and ``-m`` runs sweeps. Bad configuration exits with status 2 and one line naming the
@@ -157,6 +158,29 @@ def _hydra(command: str, argv: list[str]) -> None:
             sys.exit(1)
 
 
+def _prepare_model(argv: list[str]) -> None:
+    """``essa prepare-model``: the float checkpoint (embedded default, or ``--model``), then one
+    quantized copy per ``--quantization`` value (int8, int4; comma-separated or repeated); prints
+    each directory."""
+    import argparse
+
+    from .model import DEFAULT_MODEL, get_quantization, prepare_embedded_model, quantized_model_path, resolve_model_path
+
+    ap = argparse.ArgumentParser(prog="essa prepare-model", description=_prepare_model.__doc__)
+    ap.add_argument("--model", default=DEFAULT_MODEL, help="model.path: HF id, directory or embedded:... (default)")
+    ap.add_argument("--quantization", action="append", default=[], help="int8 and/or int4 (comma-separated)")
+    ap.add_argument("--force", action="store_true", help="rebuild even when a finished copy exists")
+    args = ap.parse_args(argv)
+    names = [get_quantization(q).name for arg in args.quantization for q in arg.split(",") if q]
+    if args.model == DEFAULT_MODEL:
+        path = str(prepare_embedded_model(force=args.force))
+    else:
+        path = resolve_model_path(args.model)
+    print(path)
+    for name in names:
+        print(quantized_model_path(path, name, force=args.force))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``essa`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -172,8 +196,10 @@ def main(argv: list[str] | None = None) -> None:
         from .report import cli as report_cli
         return report_cli(argv)
     if command == "prepare-model":
-        from .model import prepare_embedded_model
-        print(prepare_embedded_model(force="--force" in argv))
+        try:
+            _prepare_model(argv)
+        except USER_ERRORS as e:
+            _fail(e)
         return
     _hydra(command, argv)
 

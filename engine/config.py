@@ -29,11 +29,16 @@ class ModelConfig:
     dtype: compute dtype ("auto", "bfloat16", "float16", "float32"); auto = bfloat16 on a CPU with
       AVX512-BF16/AMX or a GPU with bf16, float32 on other CPUs, float16 on other GPUs
       (engine/hardware.py::resolve_dtype; CPU training keeps float32).
+    quantization: base weights vLLM serves to the population: null (the float checkpoint), int8
+      (compressed-tensors W8A8: INT8 weights per channel, dynamic INT8 activations per token) or int4
+      (W4A16: INT4 weights in groups, 16-bit activations); quantized once by round-to-nearest into
+      $ESSA_CACHE/models (engine/model.py::quantize_model). The SFT warm start and adapters stay float.
     max_model_len: context length in tokens (prompt + completion).
     """
 
     path: str = "embedded:smollm2-135m-instruct"
     dtype: str = "auto"
+    quantization: Optional[str] = None
     max_model_len: int = 1024
 
 

@@ -8,11 +8,19 @@ directory, which vLLM and peft then load like any Hugging Face model directory
 
 ``model.path`` may instead name any Hugging Face model id or local directory; it is passed through
 unchanged.
+
+``model.quantization`` (int8 | int4) serves the population on a quantized copy of the base model
+(ESSA evaluates its candidates on INT8 and INT4 bases, arXiv 2507.04453 §4): :func:`quantize_model`
+writes it once beside the float checkpoint in ``$ESSA_CACHE/models``, in the compressed-tensors
+format that vLLM loads (``quantization_config`` in config.json). The SFT warm start trains, and the
+adapters stay, float: a PEFT adapter names the float base and loads on either.
 """
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from .io import atomic_dir
@@ -74,16 +82,21 @@ def prepare_embedded_model(out_dir: Path | None = None, force: bool = False) -> 
     return out
 
 
-def resolve_model_path(path: str) -> str:
+def resolve_model_path(path: str, quantization: str | None = None) -> str:
     """Map ``model.path`` to something transformers/vLLM/peft can load.
 
     ``embedded:smollm2-135m-instruct`` (the default) is converted on first use; anything else
-    (a Hugging Face id or a local directory) is returned unchanged.
+    (a Hugging Face id or a local directory) is returned unchanged. With ``quantization``
+    (``model.quantization``: int8 | int4) the result is the quantized copy that vLLM serves
+    (:func:`quantized_model_path`, built on first use); None gives the float model, which SFT,
+    tokenizers and adapters use.
 
     Raises:
-        ValueError: an unknown ``embedded:`` name.
+        ValueError: an unknown ``embedded:`` name or ``quantization`` value.
         FileNotFoundError: a path that looks local (starts with /, ./ or ~) but does not exist.
     """
+    if quantization is not None:
+        return serving_model_path(resolve_model_path(path), quantization)
     if path.startswith("embedded:"):
         if path != DEFAULT_MODEL:
             raise ValueError(f"model.path={path!r} is not an embedded model; use {DEFAULT_MODEL!r} or a HF id/dir")
@@ -91,3 +104,203 @@ def resolve_model_path(path: str) -> str:
     if path.startswith(("/", "./", "../", "~")) and not Path(path).expanduser().exists():
         raise FileNotFoundError(f"model.path={path!r} does not exist; give a model directory or a HF id")
     return str(Path(path).expanduser()) if path.startswith(("/", "./", "../", "~")) else path
+
+
+# --------------------------------------------------------------------------------------------------
+# Quantized base models (model.quantization)
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Quantization:
+    """One ``model.quantization`` value and the compressed-tensors scheme that implements it.
+
+    Attributes:
+        name: the config value (``int8`` | ``int4``).
+        preset: compressed-tensors preset scheme (``W8A8``: INT8 weights, symmetric, one scale per
+            output channel; INT8 activations, symmetric, one dynamic scale per token. ``W4A16``:
+            INT4 weights, symmetric, one scale per group of input channels; activations in the
+            model dtype).
+        suffix: directory suffix of the quantized checkpoint (``<model>-<suffix>``).
+    """
+
+    name: str
+    preset: str
+    suffix: str
+
+
+QUANTIZATIONS = {
+    "int8": Quantization("int8", "W8A8", "W8A8"),
+    "int4": Quantization("int4", "W4A16", "W4A16"),
+}
+# INT4 group sizes tried in order: the largest that divides every quantized layer's input width
+# (SmolLM2-135M's 576 is not a multiple of 128, so it gets 64).
+INT4_GROUP_SIZES = (128, 64, 32)
+
+
+def get_quantization(name: str) -> Quantization:
+    """The :class:`Quantization` of ``model.quantization=name``.
+
+    Raises:
+        ValueError: an unknown name (the message lists the choices).
+    """
+    q = QUANTIZATIONS.get(str(name).lower())
+    if q is None:
+        raise ValueError(f"model.quantization={name!r}: use int8 (W8A8), int4 (W4A16) or null (the float model)")
+    return q
+
+
+def quantized_model_path(float_path: str, quantization: str, force: bool = False) -> Path:
+    """The quantized copy of a float checkpoint, written on first use by :func:`quantize_model`.
+
+    Args:
+        float_path: the float model (a resolved local directory or a HF id).
+        quantization: ``int8`` | ``int4``.
+        force: quantize again even when a finished copy exists.
+
+    Returns:
+        ``$ESSA_CACHE/models/<name>-<W8A8|W4A16>``, where ``<name>`` is the directory name of a
+        local model or the HF id with ``/`` replaced by ``--``.
+    """
+    q = get_quantization(quantization)
+    p = Path(float_path).expanduser()
+    name = p.name if p.is_dir() else str(float_path).replace("/", "--")
+    out = cache_dir() / "models" / f"{name}-{q.suffix}"
+    if (out / ".complete").exists() and not force:
+        return out
+    return quantize_model(str(p) if p.is_dir() else float_path, out, q.name)
+
+
+def _int4_group_size(in_features: list[int]) -> int:
+    """Largest of :data:`INT4_GROUP_SIZES` that divides every input width.
+
+    Raises:
+        ValueError: none does.
+    """
+    for g in INT4_GROUP_SIZES:
+        if all(n % g == 0 for n in in_features):
+            return g
+    raise ValueError(f"model.quantization=int4: layer input widths {sorted(set(in_features))} are not all multiples "
+                     f"of {INT4_GROUP_SIZES[-1]}; use model.quantization=int8")
+
+
+def quantize_model(src: str, out: str | Path, quantization: str) -> Path:
+    """Quantize a float checkpoint's Linear layers (all but ``lm_head``) by round-to-nearest.
+
+    The weight scales come from each output channel's (int8) or each group's (int4) min/max
+    (compressed-tensors' ``calculate_qparams``, symmetric); int8 activations are quantized
+    dynamically per token by the serving kernel, so no calibration data is needed. The checkpoint
+    is written in the compressed-tensors format (``int-quantized`` INT8 tensors for W8A8,
+    ``pack-quantized`` INT4 packed in int32 for W4A16; ``quantization_config`` in config.json)
+    that vLLM and transformers load. llm-compressor would write the same format, but every
+    release pins a transformers/compressed-tensors pair other than vLLM 0.32's.
+
+    Args:
+        src: float model directory or HF id (loaded in bfloat16).
+        out: target directory; written atomically with a ``.complete`` marker recording the
+            source and scheme.
+        quantization: ``int8`` | ``int4``.
+
+    Returns:
+        ``out``.
+
+    Raises:
+        ValueError: unknown ``quantization``; int4 for a model whose layer widths no group size
+            divides.
+    """
+    q = get_quantization(quantization)
+    import torch
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (QuantizationConfig, QuantizationStatus, QuantizationStrategy,
+                                                 apply_quantization_config, preset_name_to_scheme)
+    from compressed_tensors.quantization.utils import calculate_qparams, is_module_quantized
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
+    tok = AutoTokenizer.from_pretrained(src)
+    scheme = preset_name_to_scheme(q.preset, targets=["Linear"])
+    if scheme.weights.strategy == QuantizationStrategy.GROUP:
+        widths = [m.in_features for n, m in model.named_modules()
+                  if isinstance(m, torch.nn.Linear) and not n.endswith("lm_head")]
+        scheme.weights.group_size = _int4_group_size(widths)
+    config = QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"],
+                                quantization_status=QuantizationStatus.INITIALIZED)
+    apply_quantization_config(model, config)  # registers weight_scale (and zero points) per layer
+    with torch.no_grad():
+        for module in model.modules():
+            if not is_module_quantized(module):
+                continue
+            args = module.quantization_scheme.weights
+            w = module.weight.float()                                    # (out, in)
+            if args.strategy == QuantizationStrategy.GROUP:
+                w = w.reshape(w.shape[0], -1, args.group_size)           # (out, in / g, g)
+                lo, hi = w.amin(-1), w.amax(-1)                          # (out, in / g)
+            else:                                                        # CHANNEL
+                lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)  # (out, 1)
+            scale, zero_point = calculate_qparams(lo, hi, args)
+            module.weight_scale.copy_(scale.to(module.weight_scale.dtype))
+            if hasattr(module, "weight_zero_point"):
+                module.weight_zero_point.copy_(zero_point.to(module.weight_zero_point.dtype))
+            module.quantization_status = QuantizationStatus.FROZEN
+    compressor = ModelCompressor.from_pretrained_model(model)
+    compressor.compress_model(model)  # weights -> INT8 / packed INT4 tensors, in place
+    out = Path(out)
+    with atomic_dir(out) as tmp:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        compressor.update_config(str(tmp))  # adds quantization_config to config.json
+        tok.save_pretrained(str(tmp))
+        marker = {"source": str(src), "quantization": q.name, "scheme": q.preset,
+                  "group_size": scheme.weights.group_size, "method": "round-to-nearest (compressed-tensors)"}
+        (tmp / ".complete").write_text(json.dumps(marker, indent=1) + "\n")
+    return out
+
+
+def check_quantization(quantization: str | None, gpu: bool | None = None, amx: bool | None = None) -> None:
+    """Refuse, in one line, a ``model.quantization`` that vLLM 0.32 cannot serve with LoRA here.
+
+    What vLLM 0.32 serves with LoRA adapters on a quantized (compressed-tensors) base:
+
+    * GPU: int8 (W8A8, CUTLASS scaled-mm) and int4 (W4A16, Marlin / Machete kernels).
+    * CPU with AMX (``amx_tile``): int8 through the AMX int8 GEMM (``CPUInt8ScaledMMLinearKernel``'s
+      SGL path) and int4 through ``CPUWNA16LinearKernel`` (measured: docs/RESULTS.md).
+    * CPU without AMX: int4 only. The int8 kernel's oneDNN path (taken without AMX) pre-packs the
+      weight into a oneDNN handle and sets ``layer.weight = None``, while vLLM's LoRA layers look up
+      ``base_layer.weight.device`` when they wrap the layer (vllm/lora/layers/utils.py), so the
+      engine would fail at start-up.
+
+    Args:
+        quantization: ``model.quantization`` (None = float, always fine).
+        gpu: the engine runs on CUDA; None = ``torch.cuda.is_available()``.
+        amx: the CPU has AMX tiles as torch sees them (vLLM's own test); None = probe.
+
+    Raises:
+        ValueError: an unknown value, or a combination this back-end cannot serve (the message
+            names the alternative).
+    """
+    if quantization is None:
+        return
+    q = get_quantization(quantization)
+    import torch
+
+    gpu = torch.cuda.is_available() if gpu is None else gpu
+    if gpu:
+        return
+    amx = bool(torch.cpu._is_amx_tile_supported()) if amx is None else amx
+    if q.name == "int8" and not amx:
+        raise ValueError("model.quantization=int8: vLLM 0.32's CPU INT8 kernel without AMX drops the weight its LoRA "
+                         "layers need; use model.quantization=int4 (W4A16) or null on this CPU")
+
+
+def serving_model_path(float_path: str, quantization: str | None) -> str:
+    """The checkpoint vLLM serves the population on: ``float_path`` itself, or its quantized copy.
+
+    Checks the combination first (:func:`check_quantization`), then quantizes on first use
+    (:func:`quantized_model_path`). Call it at start-up, before the SFT warm start, so a bad
+    ``model.quantization`` stops the run at once.
+
+    Raises:
+        ValueError: see :func:`check_quantization`.
+    """
+    if quantization is None:
+        return float_path
+    check_quantization(quantization)
+    return str(quantized_model_path(float_path, quantization))
