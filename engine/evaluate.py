@@ -459,7 +459,7 @@ def run_eval(cfg, out_dir: str | Path, backend=None, reward_fn=None) -> dict:
     own = backend is None
     if own:
         from .model import resolve_model_path
-        model_path = resolve_model_path(cfg.model.path)
+        model_path = resolve_model_path(cfg.model.path, cfg.model.quantization)  # quantized copy when set
         backend = build_backend(cfg, model_path, len(adapter_paths), rank)
     try:
         prompts = [build_prompt(backend.tokenizer, p.question, cfg.task.system_prompt) for p in problems]

@@ -576,6 +576,9 @@ def main(cfg, run_dir: str | Path) -> dict:
         ConfigError / ValueError / FileNotFoundError: bad configuration, input, or TRL version (one line).
     """
     validate(cfg)
+    if cfg.model.quantization is not None:
+        raise ConfigError(f"model.quantization={cfg.model.quantization}: essa grpo trains the float model (quantized bases "
+                          "serve ES populations in train, eval and bench); drop model.quantization")
     trl_version = check_trl_version()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,7 @@ from .adapters import read_adapter, write_adapter
 from .backends import AdapterRef, Sampling, lora_int_id
 from .config import ConfigError, validate
 from .hardware import dtype_record, resolve_dtype
-from .model import resolve_model_path
+from .model import resolve_model_path, serving_model_path
 from .population import AdapterMeta, PopulationEvaluator, question_z_fitness
 from .sft import warm_start
 from .tasks import Problem, Task, load_task
@@ -198,6 +198,9 @@ def run_train(cfg, run_dir: str | Path) -> dict:
     model_path = resolve_model_path(cfg.model.path)
     dtype, dtype_reason = resolve_dtype(cfg.model.dtype)  # vLLM's; logs one line
     sft_dtype, _ = resolve_dtype(cfg.model.dtype, purpose="training", log_choice=False)
+    # vLLM serves the population on this checkpoint: the float model, or its quantized copy
+    # (model.quantization, built once and checked before the SFT warm start); SFT and adapters stay float
+    serve_path = serving_model_path(model_path, cfg.model.quantization)
     task: Task = load_task(cfg.task)
     if task.skipped:
         log.warning("task %s: skipped rows without a usable answer: %s", task.name, task.skipped)
@@ -227,12 +230,13 @@ def run_train(cfg, run_dir: str | Path) -> dict:
     if ckpt is None:
         run_meta = _run_meta(cfg, method, model_path, codec.dim, sft_dir)
         run_meta["dtype"] = dtype_record(cfg.model.dtype, dtype, dtype_reason)
+        run_meta["quantization"] = {"quantization": cfg.model.quantization, "serve_path": serve_path}
         io.write_json(run_dir / "run.json", run_meta)
 
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     meta = AdapterMeta(cfg.lora.rank, cfg.lora.alpha, tuple(cfg.lora.target_modules), model_path)
-    evaluator = build_evaluator(cfg, model_path, codec, meta, tokenizer)
+    evaluator = build_evaluator(cfg, serve_path, codec, meta, tokenizer)
     sft_ref = AdapterRef("sft", lora_int_id(-1, 0), str(sft_dir))
     sampling_for = lambda g: Sampling(max_tokens=cfg.rollout.max_tokens, temperature=cfg.rollout.temperature,  # noqa: E731
                                       top_p=cfg.rollout.top_p, n=cfg.rollout.samples_per_prompt,

@@ -176,6 +176,8 @@ class EvaluatorActor:
         model_path: checkpoint directory on the driver; used when it exists on this node, else
             ``model_spec`` is resolved here (``embedded:`` models are converted once per node).
         model_spec: ``cfg.model.path``.
+        quantization: ``cfg.model.quantization``; with ``model_spec`` it rebuilds the quantized copy
+            that ``model_path`` names when that is not on this node.
         codec: the genome codec (arrives from the object store, fetched once per node).
         reward_fn: picklable ``f(completions, references) -> list[RewardResult]``.
         meta: adapter metadata.
@@ -192,7 +194,7 @@ class EvaluatorActor:
 
     def __init__(self, index: int, model_path: str, model_spec: str, codec, reward_fn: Callable,
                  meta: AdapterMeta, system_prompt: str, engine_kwargs: dict, adapter_root: str | None,
-                 run_token: str, cpu_cores: int = 1, fault: tuple | None = None):
+                 run_token: str, cpu_cores: int = 1, fault: tuple | None = None, quantization: str | None = None):
         t0 = time.perf_counter()
         self.index, self.fault = index, fault
         from .vllm_local import VLLMBackend, is_cpu_platform
@@ -214,7 +216,7 @@ class EvaluatorActor:
         self.root = root
         if not Path(model_path).exists():
             from ..model import resolve_model_path
-            model_path = resolve_model_path(model_spec)
+            model_path = resolve_model_path(model_spec, quantization)
         from transformers import AutoTokenizer
 
         self.backend = VLLMBackend(model_path, **engine_kwargs)
@@ -405,7 +407,8 @@ class RayPopulationEvaluator:
             actor_cls.options(num_cpus=float(e.cpus_per_actor), num_gpus=gpus, max_restarts=int(e.max_actor_restarts),
                               max_task_retries=0, name=f"essa-{self._run_token}-a{k}").remote(
                 k, str(model_path), str(cfg.model.path), codec_ref, reward_fn, meta, str(cfg.task.system_prompt),
-                kwargs, e.adapter_dir, self._run_token, max(1, int(round(e.cpus_per_actor))), fault)
+                kwargs, e.adapter_dir, self._run_token, max(1, int(round(e.cpus_per_actor))), fault,
+                quantization=cfg.model.quantization)
             for k in range(self.num_actors)]
         self._alive = set(range(self.num_actors))
         self._recovering: dict[int, ray.ObjectRef] = {}  # actor -> info() ping submitted after a death
