@@ -85,12 +85,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import torch
 
 from . import io
 from .config import (VLLM_LORA_RANKS, ConfigError, LoRAConfig, ModelConfig, RewardConfig, SFTConfig, TaskConfig,
                      check_sampling, check_sft)
 from .prompts import chat_messages
+from .stats import VALIDATION_PROBLEMS, format_summary, latest_per_problem, summarise_conditions
 
 log = logging.getLogger("essa.grpo")
 
@@ -396,8 +398,8 @@ def focal_trainer_class():
 
 @torch.no_grad()
 def greedy_accuracy(model, tokenizer, problems, system_prompt: str, max_new_tokens: int, batch_size: int,
-                    reward_fn) -> float:
-    """Greedy held-out accuracy of ``model`` (with its current LoRA weights) on ``problems``.
+                    reward_fn) -> np.ndarray:
+    """Greedy held-out rewards of ``model`` (with its current LoRA weights) on ``problems``.
 
     Args:
         model: a causal LM (PeftModel) on any device. tokenizer: its tokenizer (any padding side;
@@ -406,7 +408,7 @@ def greedy_accuracy(model, tokenizer, problems, system_prompt: str, max_new_toke
         reward_fn: ``rewards.MathReward``; a problem counts when its status is ``correct``.
 
     Returns:
-        Fraction of problems answered correctly, in [0, 1].
+        (n,) float64: 1.0 where the problem is answered correctly, else 0.0 (the mean is the accuracy).
     """
     was_training = model.training
     model.eval()
@@ -425,7 +427,7 @@ def greedy_accuracy(model, tokenizer, problems, system_prompt: str, max_new_toke
     finally:
         model.train(was_training)
     results = reward_fn(texts, [p.answer for p in problems])
-    return sum(r.status == "correct" for r in results) / max(len(problems), 1)
+    return np.array([1.0 if r.status == "correct" else 0.0 for r in results])
 
 
 def transformers_accuracy_fn(tokenizer, problems, cfg, reward_fn):
@@ -457,12 +459,10 @@ def vllm_accuracy_fn(evaluator, publisher, unwrap, problems, max_tokens: int, se
 
     eval_cfg = OmegaConf.create({"eval": {"max_tokens": int(max_tokens)}, "seed": int(seed)})
 
-    def accuracy(step: int, model) -> float:
-        import numpy as np
-
+    def accuracy(step: int, model) -> np.ndarray:
         ref = publisher.publish(unwrap(model), step)
         rewards = validation(evaluator, {"policy": ref}, problems, eval_cfg)["policy"]  # (n,) per problem
-        return float(np.nan_to_num(np.asarray(rewards, dtype=float)).mean())  # as essa train: NaN = wrong
+        return np.nan_to_num(np.asarray(rewards, dtype=float))  # as essa train: NaN = wrong
     return accuracy
 
 
@@ -502,14 +502,16 @@ def _run_logger_class():
 class _Run:
     """The state one ``essa grpo`` run logs to: clock, validation rows, metrics rows.
 
-    ``accuracy(step, model) -> float`` is the held-out accuracy of the policy after ``step`` optimiser
-    steps (:func:`vllm_accuracy_fn` or :func:`transformers_accuracy_fn`).
+    ``accuracy(step, model) -> (n,) rewards`` scores the policy after ``step`` optimiser steps on each
+    held-out problem (:func:`vllm_accuracy_fn` or :func:`transformers_accuracy_fn`); the rows go to
+    ``validation.parquet`` (accuracy) and ``validation_problems.parquet`` (per problem), as in essa train.
     """
 
     def __init__(self, cfg, run_dir: Path, t_start: float, method: str, task, accuracy):
         self.cfg, self.run_dir, self.t_start, self.method = cfg, run_dir, t_start, method
         self.task, self.accuracy = task, accuracy
         self.vrows: list[dict] = []
+        self.prows: list[dict] = []  # per held-out problem: the paired data of the final test
         self.mrows: list[dict] = []
         self.last_validated = -1
         self.eval_s = 0.0
@@ -519,13 +521,17 @@ class _Run:
 
     def validate(self, step: int, model, conditions: tuple[str, ...] = ("policy",)) -> float:
         t0 = time.perf_counter()
-        acc = self.accuracy(step, model)
+        rewards = self.accuracy(step, model)  # (n,)
+        acc = float(np.mean(rewards)) if len(rewards) else float("nan")
         self.eval_s += time.perf_counter() - t0
         wall = self.clock()
         for cond in conditions:
             self.vrows.append({"step": step, "wall_s": wall, "condition": cond, "accuracy": acc,
                                "n_problems": len(self.task.val), "method": self.method})
+            self.prows.extend({"step": step, "condition": cond, "problem_id": p.id, "reward": float(x)}
+                              for p, x in zip(self.task.val, rewards))
         io.write_parquet(self.run_dir / "validation.parquet", self.vrows)
+        io.write_parquet(self.run_dir / VALIDATION_PROBLEMS, self.prows)
         log.info("validation step %d: %s accuracy %.3f (%d problems, %.1f s, wall %.1f s)", step,
                  "/".join(conditions), acc, len(self.task.val), time.perf_counter() - t0, wall)
         self.last_validated = step
@@ -688,7 +694,10 @@ def main(cfg, run_dir: str | Path) -> dict:
 
     final = run.vrows[-1]["accuracy"]
     wall = run.clock()
+    stats = summarise_conditions(latest_per_problem(run.prows))  # sft (step 0) and policy (last step)
+    print(format_summary(stats, task.name))
     summary = {"method": method, "accuracy": final, "sft_accuracy": sft_acc, "steps": step, "wall_s": wall,
+               "val": stats["accuracy"], "val_ci95": stats["ci"], "paired_vs_sft": stats["paired"],
                "eval_s": run.eval_s, "n_problems": len(task.val), "task": task.name, "run_dir": str(run_dir),
                "adapter": str(adapter), "generator": g.generator}
     io.write_json(run_dir / "summary.json", summary)

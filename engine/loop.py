@@ -30,13 +30,13 @@ from .hardware import dtype_record, resolve_dtype
 from .model import resolve_model_path, serving_model_path
 from .population import AdapterMeta, PopulationEvaluator, question_z_fitness
 from .sft import warm_start
+from .stats import VALIDATION_PROBLEMS
 from .tasks import Problem, Task, load_task
 
 log = logging.getLogger("essa")
 
 CHECKPOINT = "checkpoint.pkl"
 CHECKPOINT_VERSION = 1
-VALIDATION_PROBLEMS = "validation_problems.parquet"
 # Fields whose change makes a checkpoint meaningless for the resumed run.
 RESUME_KEYS = ("model", "task", "lora", "sft", "strategy", "rollout", "seed")
 

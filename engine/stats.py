@@ -155,8 +155,9 @@ def prompts_disagreeing(rewards: np.ndarray) -> int:
     return int((r.max(axis=0) != r.min(axis=0)).sum())
 
 
+VALIDATION_PROBLEMS = "validation_problems.parquet"  # per-problem validation rows of essa train / grpo
 CONDITION_NAMES = {"no_adapter": "no adapter", "sft": "SFT warm start", "mean": "after ES (mean genome)",
-                   "best": "after ES (best candidate)", "final": "after GRPO"}
+                   "best": "after ES (best candidate)", "policy": "after GRPO (policy)"}
 
 
 def latest_per_problem(rows: list[dict]) -> dict[str, np.ndarray]:

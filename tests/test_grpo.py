@@ -116,6 +116,13 @@ def test_tiny_real_run(tmp_path):
     assert val[0]["accuracy"] == val[1]["accuracy"]
     walls = [r["wall_s"] for r in val]
     assert walls == sorted(walls) and walls[0] > 0
+    # the same honest final statistics as essa train: per-problem rows, Wilson intervals, paired test
+    prob = pq.read_table(run_dir / "validation_problems.parquet").to_pylist()
+    assert len(prob) == 4 * len(val) and {r["reward"] for r in prob} <= {0.0, 1.0}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    lo, hi = summary["val_ci95"]["policy"]
+    assert lo <= summary["val"]["policy"] == val[-1]["accuracy"] <= hi
+    assert summary["paired_vs_sft"]["policy"]["n"] == 4 and 0 <= summary["paired_vs_sft"]["policy"]["p_value"] <= 1
 
     metrics = pq.read_table(run_dir / "metrics.parquet").to_pylist()
     assert [r["step"] for r in metrics] == [1, 2]
