@@ -14,17 +14,25 @@ A sample counts as solved when its reward status is ``correct``; ``timeout`` (th
 checker hang) counts as unsolved; ``error`` (the reference cannot be scored) is left out of n, never
 scored 0 (docs/ARCHITECTURE.md).
 
+Two accuracies, as GSM8K harnesses report them (lm-evaluation-harness: ``strict-match`` and
+``flexible-extract``): *strict* is the training reward (``cfg.reward``: an answer marker such as
+``\boxed{}``, ``####`` or "The answer is" is required); *flexible* scores the same completions with
+``lenient=True`` (the marked answer when there is one, else the last number of the completion;
+rewards/extract.py), so a base model that does not mark its answer is measured fairly. Every metric
+without ``flexible`` in its name is strict.
+
 Outputs in the run directory (Hydra's, or ``output_dir``):
 
 | file | content |
 |---|---|
 | ``eval_problems.parquet`` | one row per (condition, problem), columns below |
-| ``eval_summary.json`` | settings and, per condition, ``greedy_accuracy, avg_at_n, pass_at_k {k: value}, n_problems`` |
+| ``eval_summary.json`` | settings and, per condition, ``greedy_accuracy, greedy_accuracy_flexible, avg_at_n, avg_at_n_flexible, pass_at_k {k: value}, n_problems`` |
 | ``eval_samples.parquet`` | with ``save_completions=true``: one row per completion |
 
 eval_problems.parquet columns: ``problem_id, condition, adapter, reference, greedy_correct,
-greedy_status, greedy_extracted, greedy_tokens`` (greedy pass) and ``n`` (scorable samples),
-``n_correct, n_error, extracted (list), statuses (list), mean_tokens`` (sampled pass; n = 0 when n == 1).
+greedy_status, greedy_extracted, greedy_flexible_correct, greedy_flexible_extracted, greedy_tokens``
+(greedy pass) and ``n`` (scorable samples), ``n_correct, n_correct_flexible, n_error, extracted (list),
+statuses (list), mean_tokens`` (sampled pass; n = 0 when n == 1).
 
 pass@k policy: every k is averaged over ONE problem set, the problems with at least max(ks) scorable
 samples, so pass@k never falls as k grows (engine/passk.py); the summary counts the problems left out.
@@ -277,6 +285,9 @@ class PassResult:
         n_tokens: (A, N, G) int64, completion tokens.
         texts: (A, N, G) object, completion texts.
         generate_s: seconds in the back-end's generate call.
+        flexible_correct: (A, N, G) bool, status ``correct`` under the flexible reward; None when
+            no flexible reward was run.
+        flexible_extracted: (A, N, G) object, the flexible reward's extracted answer, or None.
     """
 
     correct: np.ndarray
@@ -286,11 +297,13 @@ class PassResult:
     n_tokens: np.ndarray
     texts: np.ndarray
     generate_s: float
+    flexible_correct: np.ndarray | None = None
+    flexible_extracted: np.ndarray | None = None
 
 
 def run_pass(backend, reward_fn, prompts: Sequence[str], problems: Sequence[Problem],
              adapters: Sequence[AdapterRef | None], sampling: Sampling, desc: str = "reward",
-             chunk: int = 512) -> PassResult:
+             chunk: int = 512, flexible_fn=None) -> PassResult:
     """Generate for all A x N (condition, problem) requests in ONE back-end call and score them.
 
     Args:
@@ -300,6 +313,7 @@ def run_pass(backend, reward_fn, prompts: Sequence[str], problems: Sequence[Prob
         adapters: A adapter refs (None = base model).
         sampling: decoding; G = sampling.n samples per request.
         chunk: completions per reward call (one progress-bar step).
+        flexible_fn: the flexible reward, same signature as ``reward_fn``; None = none.
     """
     from tqdm.auto import tqdm
 
@@ -313,17 +327,27 @@ def run_pass(backend, reward_fn, prompts: Sequence[str], problems: Sequence[Prob
         raise RuntimeError(f"back-end returned {len(outs)} requests for {A * N}, expected {G} completions each")
     texts = [c.text for o in outs for c in o]                             # (A*N*G,)
     refs = [problems[(i // G) % N].answer for i in range(len(texts))]
-    results = []
+    results, flexible = [], []
     for s in tqdm(range(0, len(texts), chunk), desc=desc, unit="chunk", leave=False):
         results.extend(reward_fn(texts[s:s + chunk], refs[s:s + chunk]))
+        if flexible_fn is not None:
+            flexible.extend(flexible_fn(texts[s:s + chunk], refs[s:s + chunk]))
     status = np.array([r.status for r in results], dtype=object).reshape(A, N, G)
-    extracted = np.empty(len(results), dtype=object)
-    extracted[:] = [r.extracted for r in results]
-    textarr = np.empty(len(texts), dtype=object)
-    textarr[:] = texts
-    return PassResult(correct=status == "correct", scored=status != "error", extracted=extracted.reshape(A, N, G),
-                      status=status, n_tokens=np.array([c.n_tokens for o in outs for c in o]).reshape(A, N, G),
-                      texts=textarr.reshape(A, N, G), generate_s=generate_s)
+
+    def objects(values) -> np.ndarray:                                    # (A, N, G) object
+        arr = np.empty(len(values), dtype=object)
+        arr[:] = values
+        return arr.reshape(A, N, G)
+
+    flex_correct = flex_extracted = None
+    if flexible_fn is not None:
+        flex_correct = np.array([r.status == "correct" for r in flexible], dtype=bool).reshape(A, N, G)
+        flex_extracted = objects([r.extracted for r in flexible])
+    n_tokens = np.array([c.n_tokens for o in outs for c in o]).reshape(A, N, G)
+    return PassResult(correct=status == "correct", scored=status != "error",
+                      extracted=objects([r.extracted for r in results]), status=status, n_tokens=n_tokens,
+                      texts=objects(texts), generate_s=generate_s, flexible_correct=flex_correct,
+                      flexible_extracted=flex_extracted)
 
 
 # --- summary -----------------------------------------------------------------------------------
@@ -332,9 +356,11 @@ def summarise(greedy: PassResult, sampled: PassResult | None, ks: Sequence[int],
     """Per-condition metrics.
 
     greedy_accuracy: fraction of scorable problems solved greedily. avg_at_n: mean over problems of
-    c / n. pass_at_k: ``{k: mean pass@k}``, every k over the same problems: those with at least
-    max(ks) scorable samples (engine/passk.py, :func:`~engine.passk.pass_at_k_fixed_set`), so it
-    never falls as k grows; ``pass_at_k_problems`` counts them, ``pass_at_k_excluded`` the others.
+    c / n. ``greedy_accuracy_flexible`` / ``avg_at_n_flexible``: the same under the flexible reward
+    (None when it was not run; module docstring). pass_at_k: ``{k: mean pass@k}``, every k over the
+    same problems: those with at least max(ks) scorable samples (engine/passk.py,
+    :func:`~engine.passk.pass_at_k_fixed_set`), so it never falls as k grows; ``pass_at_k_problems``
+    counts them, ``pass_at_k_excluded`` the others.
     """
     out = {}
     for a, name in enumerate(names):
@@ -343,12 +369,18 @@ def summarise(greedy: PassResult, sampled: PassResult | None, ks: Sequence[int],
                "greedy_no_answer": float((greedy.status[a, :, 0] == "no_answer").mean()),
                "greedy_mean_tokens": float(greedy.n_tokens[a].mean()),
                "n_problems": int(greedy.correct.shape[1]), "n_scored_problems": int(g_ok.sum()),
-               "avg_at_n": None, "pass_at_k": {}, "pass_at_k_problems": {}}
+               "avg_at_n": None, "pass_at_k": {}, "pass_at_k_problems": {},
+               "greedy_accuracy_flexible": None, "avg_at_n_flexible": None}
+        if greedy.flexible_correct is not None and g_ok.any():
+            row["greedy_accuracy_flexible"] = float(greedy.flexible_correct[a, :, 0][g_ok].mean())
         if sampled is not None:
             n = sampled.scored[a].sum(axis=1)                                    # (N,)
             c = (sampled.correct[a] & sampled.scored[a]).sum(axis=1)             # (N,)
             has = n > 0
             row["avg_at_n"] = float((c[has] / n[has]).mean()) if has.any() else None
+            if sampled.flexible_correct is not None and has.any():
+                c_flex = (sampled.flexible_correct[a] & sampled.scored[a]).sum(axis=1)  # (N,)
+                row["avg_at_n_flexible"] = float((c_flex[has] / n[has]).mean())
             row["sampled_mean_tokens"] = float(sampled.n_tokens[a].mean())
             table, in_set = pass_at_k_fixed_set(n, c, ks)                     # one problem set for every k
             row["pass_at_k"] = {str(k): v for k, v in table.items()}
@@ -359,14 +391,19 @@ def summarise(greedy: PassResult, sampled: PassResult | None, ks: Sequence[int],
 
 
 def format_table(summary: dict, n: int, ks: Sequence[int], title: str) -> str:
-    """The printed results table (one line per condition)."""
-    cols = ["greedy"] + ([f"avg@{n}"] + [f"pass@{k}" for k in ks] if ks else [])
+    """The printed results table (one line per condition; ``flexible``: greedy, flexible reward)."""
+    flex = any(r.get("greedy_accuracy_flexible") is not None for r in summary.values())
+    cols = ["greedy"] + (["flexible"] if flex else []) + ([f"avg@{n}"] + [f"pass@{k}" for k in ks] if ks else [])
     width = max([len("condition")] + [len(c) for c in summary]) + 2
     lines = [title, f"{'condition':<{width}}" + "".join(f"{c:>10}" for c in cols) + f"{'problems':>10}"]
     fmt = lambda v: f"{v + 0.0:>10.3f}" if v is not None else f"{'-':>10}"  # noqa: E731  (+ 0.0: no -0.000)
     for name, r in summary.items():
-        vals = [r["greedy_accuracy"]] + ([r["avg_at_n"]] + [r["pass_at_k"][str(k)] for k in ks] if ks else [])
+        vals = [r["greedy_accuracy"]] + ([r.get("greedy_accuracy_flexible")] if flex else []) \
+            + ([r["avg_at_n"]] + [r["pass_at_k"][str(k)] for k in ks] if ks else [])
         lines.append(f"{name:<{width}}" + "".join(fmt(v) for v in vals) + f"{r['n_problems']:>10d}")
+    if flex:
+        lines.append("greedy, avg, pass: strict (answer marker required, the training reward); "
+                     "flexible: greedy, marked answer or else the last number")
     return "\n".join(lines)
 
 
@@ -378,11 +415,16 @@ def _problem_rows(problems, names, conds, greedy: PassResult, sampled: PassResul
                    "reference": p.answer, "greedy_correct": bool(greedy.correct[a, i, 0]),
                    "greedy_status": greedy.status[a, i, 0], "greedy_extracted": greedy.extracted[a, i, 0],
                    "greedy_tokens": int(greedy.n_tokens[a, i, 0])}
+            if greedy.flexible_correct is not None:
+                row.update(greedy_flexible_correct=bool(greedy.flexible_correct[a, i, 0]),
+                           greedy_flexible_extracted=greedy.flexible_extracted[a, i, 0])
             if sampled is not None:
                 ok = sampled.scored[a, i]
                 row.update(n=int(ok.sum()), n_correct=int((sampled.correct[a, i] & ok).sum()),
                            n_error=int((~ok).sum()), extracted=list(sampled.extracted[a, i]),
                            statuses=list(sampled.status[a, i]), mean_tokens=float(sampled.n_tokens[a, i].mean()))
+                if sampled.flexible_correct is not None:
+                    row.update(n_correct_flexible=int((sampled.flexible_correct[a, i] & ok).sum()))
             else:
                 row.update(n=0, n_correct=0, n_error=0, extracted=[], statuses=[], mean_tokens=None)
             rows.append(row)
@@ -418,14 +460,15 @@ def build_backend(cfg, model_path: str, n_adapters: int, rank: int):
                        fast_lora=e.fast_lora, extra=extra)
 
 
-def run_eval(cfg, out_dir: str | Path, backend=None, reward_fn=None) -> dict:
+def run_eval(cfg, out_dir: str | Path, backend=None, reward_fn=None, flexible_fn=None) -> dict:
     """Evaluate every condition on the split and write the outputs (module docstring).
 
     Args:
         cfg: composed EvalCommandConfig.
         out_dir: output directory (created).
         backend: a ready back-end (tests); None = a local vLLM engine built from cfg and closed at the end.
-        reward_fn: None = ``rewards.MathReward`` from ``cfg.reward``.
+        reward_fn: None = ``rewards.MathReward`` from ``cfg.reward`` (the strict accuracy).
+        flexible_fn: None = the same with ``lenient=True`` (the flexible accuracy).
 
     Returns:
         The eval_summary.json dict.
@@ -450,10 +493,12 @@ def run_eval(cfg, out_dir: str | Path, backend=None, reward_fn=None) -> dict:
             for i, p in enumerate(conds.values())]
     log.info("eval on %s/%s: %d problems x %d conditions (%s), greedy%s", cfg.task.name, cfg.split, len(problems),
              len(names), ", ".join(names), f" + {cfg.n} samples at T={cfg.temperature}" if cfg.n > 1 else " only")
+    from rewards import MathReward
     if reward_fn is None:
-        from rewards import MathReward
         reward_fn = MathReward(lenient=cfg.reward.lenient, timeout_s=cfg.reward.timeout_s,
                                format_weight=cfg.reward.format_weight)
+    if flexible_fn is None:
+        flexible_fn = MathReward(lenient=True, timeout_s=cfg.reward.timeout_s)
     t_start = time.perf_counter()
     model_path = None
     own = backend is None
@@ -464,12 +509,13 @@ def run_eval(cfg, out_dir: str | Path, backend=None, reward_fn=None) -> dict:
     try:
         prompts = [build_prompt(backend.tokenizer, p.question, cfg.task.system_prompt) for p in problems]
         greedy = run_pass(backend, reward_fn, prompts, problems, refs,
-                          Sampling(max_tokens=cfg.max_tokens, temperature=0.0, n=1, seed=cfg.seed), "greedy reward")
+                          Sampling(max_tokens=cfg.max_tokens, temperature=0.0, n=1, seed=cfg.seed), "greedy reward",
+                          flexible_fn=flexible_fn)
         sampled = None
         if cfg.n > 1:
             sampled = run_pass(backend, reward_fn, prompts, problems, refs,
                                Sampling(max_tokens=cfg.max_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-                                        n=cfg.n, seed=cfg.seed), "sampled reward")
+                                        n=cfg.n, seed=cfg.seed), "sampled reward", flexible_fn=flexible_fn)
     finally:
         if own:
             backend.close()

@@ -102,6 +102,40 @@ def test_eval_with_scripted_backend(tmp_path):
     assert saved["ks"] == [1, 2, 4] and saved["n_problems"] == 5
 
 
+class UnmarkedBackend(ScriptedBackend):
+    """Base model: the right number, unmarked. Adapter: the right number boxed, then a run-on question."""
+
+    def generate(self, prompts, adapters, sampling, use_tqdm=True):
+        out = []
+        for p, a in zip(prompts, adapters):
+            ans = next(v for q, v in self.answers.items() if q in p)
+            text = (f"So she pays 9 * 2 = ${ans} in all." if a is None
+                    else f"So \\boxed{{{ans}}}.\nQuestion: Tom has 3 pens and buys 4. How many?\nAnswer: 7")
+            out.append([Completion(text, 9)] * sampling.n)
+        return out
+
+
+def test_eval_strict_and_flexible_accuracy(tmp_path, capsys):
+    from engine.tasks import load_task
+
+    adapter = tmp_path / "boxer"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 8}))
+    cfg = compose_eval(["task.val_size=4", "n=2", "ks=[1,2]", f"adapters=[{adapter}]", "max_tokens=8"])
+    task = load_task(cfg.task)
+    summary = run_eval(cfg, tmp_path / "out", backend=UnmarkedBackend({p.question: p.answer for p in task.val}))
+    base, boxer = summary["conditions"]["no_adapter"], summary["conditions"]["boxer"]
+    # strict = the training reward (answer marker required); flexible = marker, else the last number
+    assert (base["greedy_accuracy"], base["greedy_accuracy_flexible"]) == (0.0, 1.0)
+    assert (base["avg_at_n"], base["avg_at_n_flexible"]) == (0.0, 1.0)
+    assert (boxer["greedy_accuracy"], boxer["greedy_accuracy_flexible"]) == (1.0, 1.0)  # run-on "7" not taken
+    assert "flexible" in capsys.readouterr().out
+    rows = pq.read_table(tmp_path / "out" / "eval_problems.parquet").to_pylist()
+    r = next(r for r in rows if r["condition"] == "no_adapter")
+    assert (r["greedy_correct"], r["greedy_status"], r["greedy_flexible_correct"]) == (False, "no_answer", True)
+    assert r["greedy_flexible_extracted"] == r["reference"] and (r["n_correct"], r["n_correct_flexible"]) == (0, 2)
+
+
 def test_conditions_and_config_errors(tmp_path):
     run = tmp_path / "run"
     for name in ("mean", "best"):
