@@ -15,6 +15,7 @@ field and the fix.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -35,13 +36,14 @@ def _run(command: str, cfg) -> float | None:
 
     Returns:
         ``essa train``: held-out accuracy of the final mean genome (``summary.json`` ``val.mean``,
-        a fraction in [0, 1]; NaN when the run made no final validation), ``essa grpo``: the final
+        a fraction in [0, 1]; None when the run made no final validation), ``essa grpo``: the final
         policy's accuracy, so Hydra sweepers (``hydra/sweeper=optuna``) can optimise it; None for
         the other commands.
 
     A single run that fails on bad configuration or input exits 2 with one line. In a multirun
     (``-m``) every failure is caught instead: its line goes to ``<job dir>/error.txt`` and the
-    job's log, the job returns NaN, and the sweep goes on (engine/sweeps.py).
+    job's log, the job returns None (Optuna records a failed trial), and the sweep goes on
+    (engine/sweeps.py).
     """
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -59,7 +61,8 @@ def _run(command: str, cfg) -> float | None:
             from .plugins import check_strategy_choice
             check_strategy_choice(cfg, hc.runtime.choices.get("strategy"))
             result = run_train(cfg, run_dir)
-            return float(result.get("val", {}).get("mean", float("nan")))
+            accuracy = float(result.get("val", {}).get("mean", float("nan")))
+            return accuracy if math.isfinite(accuracy) else None  # Optuna 2.10 crashes on a NaN value
         elif command == "bench":
             from .bench import main as bench_main
             bench_main(cfg)
@@ -80,7 +83,7 @@ def _run(command: str, cfg) -> float | None:
             if not user_error:
                 logging.getLogger("essa").exception("job failed")  # the traceback, into the job's log
             record_job_failure(run_dir, error_line(e, user_error))
-            return float("nan")
+            return None  # not NaN: Optuna 2.10's sweeper crashes on NaN; None makes a failed trial
         if user_error:
             _fail(e)
         raise

@@ -5,8 +5,8 @@ the others, but Hydra then stops the sweep at the first failed job it reads back
 traceback. essa keeps every job running and reports all failures at the end instead:
 
 1. the task function (engine/cli.py) catches a job's error, writes its one line to
-   ``<job dir>/error.txt`` (:data:`ERROR_FILE`), logs it, and returns NaN (Optuna marks the trial
-   failed, the basic sweeper goes on);
+   ``<job dir>/error.txt`` (:data:`ERROR_FILE`), logs it, and returns None (Optuna marks the trial
+   failed; not NaN, on which hydra-optuna-sweeper 1.3 with optuna 2.10 crashes);
 2. :class:`SweepSummary`, a Hydra callback (``hydra.callbacks`` in conf/train.yaml), reads the
    sweep directory in the driver process when the sweep ends, so it also sees jobs that ran in Ray
    workers or SLURM jobs (on a shared file system);
