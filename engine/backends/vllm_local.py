@@ -139,7 +139,6 @@ class VLLMBackend:
             from ..fast_lora.plugin import NO_ADAPTER_PLAN_TEXT
             log.info("vLLM engine up: requests without an adapter: %s", NO_ADAPTER_PLAN_TEXT[self.no_adapter])
 
-
     def generate(self, prompts: Sequence[str], adapters: Sequence[AdapterRef | None], sampling: Sampling,
                  use_tqdm: bool = True) -> list[list[Completion]]:
         """Generate for every (prompt, adapter) pair in ONE vLLM call (two when ``no_adapter`` is
