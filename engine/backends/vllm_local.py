@@ -137,7 +137,8 @@ class VLLMBackend:
         if enable_lora:
             self.no_adapter = no_adapter_plan(self.cpu, fast_lora, bool(kwargs.get("enforce_eager")))
             from ..fast_lora.plugin import NO_ADAPTER_PLAN_TEXT
-            log.info("vLLM engine up: requests without an adapter: %s", NO_ADAPTER_PLAN_TEXT[self.no_adapter])
+            log.info("vLLM engine up (dtype %s): requests without an adapter: %s", self.dtype,
+                     NO_ADAPTER_PLAN_TEXT[self.no_adapter])
 
     def generate(self, prompts: Sequence[str], adapters: Sequence[AdapterRef | None], sampling: Sampling,
                  use_tqdm: bool = True) -> list[list[Completion]]:
