@@ -299,12 +299,13 @@ def run_train(cfg, run_dir: str | Path) -> dict:
                      row["fitness_max"], row["fitness_center"], row["split_half_rho"], row["sigma"],
                      row["tokens"], row["tokens_per_s"], row["t_generate"])
             state.generation = g
+            save_checkpoint()  # right after the generation's logs: an interrupted validation loses nothing
             over = cfg.time_budget_s is not None and time.perf_counter() - t_start >= cfg.time_budget_s
             last = g == cfg.generations - 1 or over
             if not last and cfg.eval.every and (g + 1) % cfg.eval.every == 0:
                 add_validation(g + 1, validation(evaluator, {"mean": mean_ref(g)}, task.val, cfg))
                 evaluator.release(g)
-            save_checkpoint()
+                save_checkpoint()  # again, so the clock includes the validation
             if over:
                 log.info("time budget %.0f s reached after generation %d (%.1f s)", cfg.time_budget_s, g,
                          time.perf_counter() - t_start)
