@@ -221,6 +221,13 @@ def adapter_rank(path: Path) -> int:
         value = conf.get(name)
         if value not in (None, False, [], "none"):
             raise ValueError(f"adapters: {f} uses {what.format(value=value)}, which vLLM does not serve; {fix}")
+    missing = [k for k in ("lora_alpha", "target_modules") if conf.get(k) in (None, "", [])]
+    if missing:  # vLLM's PEFTHelper requires both; without this check the engine dies after start-up
+        raise ValueError(f"adapters: {f} has no {' or '.join(missing)}; re-export the adapter with peft or add "
+                         f"them, e.g. \"lora_alpha\": 16, \"target_modules\": [\"q_proj\", \"v_proj\"]")
+    weights = Path(path) / "adapter_model.safetensors"
+    if weights.exists() and weights.stat().st_size == 0:
+        raise ValueError(f"adapters: {weights} is empty; re-export the adapter")
     targets = conf.get("target_modules")
     if isinstance(targets, str):
         try:

@@ -81,7 +81,7 @@ def test_eval_with_scripted_backend(tmp_path):
 
     adapter = tmp_path / "my_adapter"
     adapter.mkdir()
-    (adapter / "adapter_config.json").write_text(json.dumps({"r": 8}))
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]}))
     cfg = compose_eval(["task.val_size=5", "n=4", "ks=[1,2,4]", f"adapters=[{adapter}]", "max_tokens=8"])
     task = load_task(cfg.task)
     backend = ScriptedBackend({p.question: p.answer for p in task.val})
@@ -120,7 +120,7 @@ def test_eval_strict_and_flexible_accuracy(tmp_path, capsys):
 
     adapter = tmp_path / "boxer"
     adapter.mkdir()
-    (adapter / "adapter_config.json").write_text(json.dumps({"r": 8}))
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]}))
     cfg = compose_eval(["task.val_size=4", "n=2", "ks=[1,2]", f"adapters=[{adapter}]", "max_tokens=8"])
     task = load_task(cfg.task)
     summary = run_eval(cfg, tmp_path / "out", backend=UnmarkedBackend({p.question: p.answer for p in task.val}))
@@ -195,11 +195,14 @@ def test_adapter_rank_names_a_bad_adapter_config(tmp_path):
     a = tmp_path / "adapter"
     a.mkdir()
     f = a / "adapter_config.json"
-    f.write_text(json.dumps({"r": 16, "lora_alpha": 32}))
+    f.write_text(json.dumps({"r": 16, "lora_alpha": 32, "target_modules": ["q_proj"]}))
     assert adapter_rank(a) == 16
     for text, msg in (("{r: 8,", "not valid JSON"),
                       (json.dumps({"lora_alpha": 32}), 'no positive integer LoRA rank "r"'),
-                      (json.dumps({"r": "eight"}), 'LoRA rank "r"'), ("[8]", 'LoRA rank "r"')):
+                      (json.dumps({"r": "eight"}), 'LoRA rank "r"'), ("[8]", 'LoRA rank "r"'),
+                      # vLLM's PEFTHelper needs both; without them the engine died after start-up (break-it)
+                      (json.dumps({"r": 8}), "no lora_alpha or target_modules"),
+                      (json.dumps({"r": 8, "lora_alpha": 16}), "no target_modules")):
         f.write_text(text)
         with pytest.raises(ValueError, match=msg) as e:
             adapter_rank(a)
@@ -255,7 +258,7 @@ SERVED = [
 def test_adapter_rank_serves_peft_features(tmp_path, extra, rank):
     from engine.evaluate import adapter_rank
 
-    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 16, **extra}))
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 16, "target_modules": ["q_proj"], **extra}))
     assert adapter_rank(tmp_path) == rank
 
 
@@ -277,7 +280,7 @@ def test_adapter_rank_refuses_unserved_peft_features_in_one_line(tmp_path, extra
     from engine.evaluate import adapter_rank
 
     f = tmp_path / "adapter_config.json"
-    f.write_text(json.dumps({"r": 8, "lora_alpha": 16, **extra}))
+    f.write_text(json.dumps({"r": 8, "lora_alpha": 16, "target_modules": ["q_proj"], **extra}))
     with pytest.raises(ValueError) as e:
         adapter_rank(tmp_path)
     msg = str(e.value)
@@ -290,7 +293,7 @@ def test_eval_engine_rank_covers_rank_pattern(tmp_path):
 
     adapter = tmp_path / "third_party"
     adapter.mkdir()
-    (adapter / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 16, "rank_pattern": {"q_proj": 64}}))
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 16, "target_modules": ["q_proj"], "rank_pattern": {"q_proj": 64}}))
     built = {}
 
     def fake_build_backend(cfg, model_path, n_adapters, rank):
