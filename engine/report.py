@@ -210,15 +210,30 @@ def fig_fitness(runs: list[RunData], labels: list[str], colors: list):
     return _finish(fig, ax)
 
 
-def fig_signal(runs, labels, colors):
-    """Split-half rank correlation of candidate fitness per generation (is the ranking signal?)."""
-    have = [(r, lab, c) for r, lab, c in zip(runs, labels, colors) if _col(r.metrics, "split_half_rho").size]
+def _per_generation(runs, labels, colors, key: str, name: str, ylabel: str):
+    """One line per run of metrics column ``key`` against generation; None when no run has it.
+
+    Returns:
+        (fig, ax, values) with ``values`` the plotted columns, or None.
+    """
+    have = [(r, lab, c) for r, lab, c in zip(runs, labels, colors) if _col(r.metrics, key).size]
     if not have:
         return None
-    fig, ax = _new_axes(FIGURES["signal"], "generation", "split-half rank correlation of fitness")
+    fig, ax = _new_axes(FIGURES[name], "generation", ylabel)
+    values = []
     for r, lab, c in have:
-        g, rho = _col(r.metrics, "generation"), _col(r.metrics, "split_half_rho")
-        ax.plot(g, rho, color=c, label=lab, **_marker(len(g)))
+        g, v = _col(r.metrics, "generation"), _col(r.metrics, key)
+        ax.plot(g, v, color=c, label=lab, **_marker(len(g)))
+        values.append(v)
+    return fig, ax, values
+
+
+def fig_signal(runs, labels, colors):
+    """Split-half rank correlation of candidate fitness per generation (is the ranking signal?)."""
+    out = _per_generation(runs, labels, colors, "split_half_rho", "signal", "split-half rank correlation of fitness")
+    if out is None:
+        return None
+    fig, ax, _ = out
     ax.axhline(0.0, color="grey", linewidth=0.8)
     ax.set_ylim(-1, 1)
     return _finish(fig, ax)
@@ -226,29 +241,21 @@ def fig_signal(runs, labels, colors):
 
 def fig_sigma(runs, labels, colors):
     """Step size sigma per generation (log y when every value is positive)."""
-    have = [(r, lab, c) for r, lab, c in zip(runs, labels, colors) if _col(r.metrics, "sigma").size]
-    if not have:
+    out = _per_generation(runs, labels, colors, "sigma", "sigma", "step size sigma (genome units)")
+    if out is None:
         return None
-    fig, ax = _new_axes(FIGURES["sigma"], "generation", "step size sigma (genome units)")
-    positive = True
-    for r, lab, c in have:
-        g, s = _col(r.metrics, "generation"), _col(r.metrics, "sigma")
-        positive &= bool(np.all(s[np.isfinite(s)] > 0))
-        ax.plot(g, s, color=c, label=lab, **_marker(len(g)))
-    if positive:
+    fig, ax, values = out
+    if all(np.all(s[np.isfinite(s)] > 0) for s in values):
         ax.set_yscale("log")
     return _finish(fig, ax)
 
 
 def fig_throughput(runs, labels, colors):
     """Generated tokens per second of generate time, per generation."""
-    have = [(r, lab, c) for r, lab, c in zip(runs, labels, colors) if _col(r.metrics, "tokens_per_s").size]
-    if not have:
+    out = _per_generation(runs, labels, colors, "tokens_per_s", "throughput", "tokens / s (population generate)")
+    if out is None:
         return None
-    fig, ax = _new_axes(FIGURES["throughput"], "generation", "tokens / s (population generate)")
-    for r, lab, c in have:
-        g, t = _col(r.metrics, "generation"), _col(r.metrics, "tokens_per_s")
-        ax.plot(g, t, color=c, label=lab, **_marker(len(g)))
+    fig, ax, _ = out
     ax.set_ylim(bottom=0)
     return _finish(fig, ax)
 
