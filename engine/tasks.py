@@ -13,7 +13,8 @@ A task yields ``Problem`` rows split into ``train`` (SFT warm start and ES minib
 
 Every worked solution ends in ``The final answer is \\boxed{answer}.`` (ESSA §4: the system prompt
 asks the model to reason step by step and box the answer). Rows without a usable answer are
-skipped and counted in ``Task.skipped``; they never crash the run.
+skipped and counted in ``Task.skipped``; they never crash the run. A JSONL line that is not JSON at
+all is a broken file, not a row without an answer: reading stops with an error naming the line.
 """
 from __future__ import annotations
 
@@ -86,7 +87,9 @@ def read_rows(path: Path, field: str = "task.path") -> list[dict[str, Any]]:
 
     Raises:
         FileNotFoundError: missing file. ValueError: unsupported suffix, a text file that is not
-            UTF-8, a JSON array that does not parse, or a Parquet file pyarrow cannot read.
+            UTF-8, a JSON array that does not parse, a JSONL line that is not valid JSON (the
+            message names the file and the 1-based line numbers), or a Parquet file pyarrow
+            cannot read.
     """
     if not path.exists():
         raise FileNotFoundError(f"{field}: {path} does not exist; point {field} at a JSONL/Parquet file or folder")
@@ -108,15 +111,22 @@ def read_rows(path: Path, field: str = "task.path") -> list[dict[str, Any]]:
             except json.JSONDecodeError as e:
                 raise ValueError(f"{field}: {path} is not a valid JSON array ({e.msg} at line {e.lineno}); "
                                  f"fix the file or use JSONL (one object per line)") from None
-        rows = []
-        for line in text.splitlines():
+        rows, bad = [], []  # bad: (1-based line number, decoder message)
+        for lineno, line in enumerate(text.splitlines(), 1):
             line = line.strip()
             if not line:
                 continue
             try:
                 rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                rows.append({})  # counted as skipped by the reader
+            except json.JSONDecodeError as e:
+                bad.append((lineno, e.msg))
+        if len(bad) == 1:
+            raise ValueError(f"{field}: {path} line {bad[0][0]} is not valid JSON ({bad[0][1]}); "
+                             f"fix or delete the line")
+        if bad:
+            shown = ", ".join(str(n) for n, _ in bad[:10]) + (", ..." if len(bad) > 10 else "")
+            raise ValueError(f"{field}: {path} has {len(bad)} lines that are not valid JSON (lines {shown}; "
+                             f"line {bad[0][0]}: {bad[0][1]}); fix or delete those lines")
         return rows
     raise ValueError(f"{field}: {path} has unsupported suffix {path.suffix!r}; use .jsonl, .json or .parquet")
 

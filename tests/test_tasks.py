@@ -53,14 +53,35 @@ def test_bad_rows_are_skipped_and_counted(tmp_path):
             {"question": 5, "answer": "#### 3"},
             {"question": "empty final", "answer": "#### "}]
     f = tmp_path / "train.jsonl"
-    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n{not json\n")
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n3\n")
     t = load_task(task_cfg(name="mine", reader="gsm8k", path=str(f), train_split="train", val_split="train",
                            val_size=1))
-    assert t.skipped == {"train": 4}  # 3 unusable rows + 1 line that is not JSON
+    assert t.skipped == {"train": 4}  # 3 unusable rows + 1 line that is JSON but not an object
     assert len(t.train) == 3 and len(t.val) == 1
     (tmp_path / "x.jsonl").write_text(json.dumps(rows[-1]) + "\n")
     with pytest.raises(ValueError, match="no usable rows"):
         load_task(task_cfg(name="mine", reader="gsm8k", path=str(tmp_path), train_split="x", val_split="x"))
+
+
+def test_malformed_jsonl_line_names_file_and_line(tmp_path):
+    good = json.dumps({"question": "1+1?", "answer": "#### 2"})
+    f = tmp_path / "train.jsonl"
+    f.write_text(f"{good}\n\n{good}\n{{not json\n{good}\n")  # the bad line is line 4 (blank line 2 counts)
+    with pytest.raises(ValueError) as e:
+        load_task(task_cfg(name="mine", reader="gsm8k", path=str(f), train_split="train", val_split="train",
+                           val_size=1))
+    msg = str(e.value)
+    assert msg.startswith(f"task.path: {f} line 4 is not valid JSON (") and msg.endswith("fix or delete the line")
+    assert "\n" not in msg
+    f.write_text("\n".join([good, "oops", good, "", "[1,", good]) + "\n")  # lines 2 and 5
+    with pytest.raises(ValueError, match=r"task.path: .* has 2 lines that are not valid JSON \(lines 2, 5; "
+                                         r"line 2: Expecting value\); fix or delete those lines"):
+        load_task(task_cfg(name="mine", reader="gsm8k", path=str(f), train_split="train", val_split="train",
+                           val_size=1))
+    from engine.bench import load_questions
+    (tmp_path / "b.jsonl").write_text(f"{good}\nx\n")
+    with pytest.raises(ValueError, match="bench.data: .* line 2 is not valid JSON"):
+        load_questions(str(tmp_path / "b.jsonl"), 1)
 
 
 def test_missing_path_names_the_field(tmp_path):
