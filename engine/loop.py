@@ -51,10 +51,58 @@ def minibatch(train: list[Problem], n: int, seed: int, generation: int) -> list[
     return [train[i] for i in idx]
 
 
+def resume_config(cfg) -> dict:
+    """The config fields a checkpoint depends on (RESUME_KEYS), resolved to plain Python values."""
+    return {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
+            for k in RESUME_KEYS}
+
+
 def config_key(cfg) -> str:
     """Hash of the config fields a checkpoint depends on (RESUME_KEYS)."""
-    sub = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k] for k in RESUME_KEYS}
-    return hashlib.sha256(json.dumps(sub, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(resume_config(cfg), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+_UNSET = object()
+
+
+def config_diff(old: dict, new: dict, prefix: str = "") -> list[tuple[str, object, object]]:
+    """Dotted fields whose values differ between two plain config dicts, as ``(field, old, new)``.
+
+    A field present on one side only has ``_UNSET`` on the other. Lists compare whole.
+    """
+    out = []
+    for k in sorted(set(old) | set(new), key=str):
+        a, b, name = old.get(k, _UNSET), new.get(k, _UNSET), f"{prefix}{k}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += config_diff(a, b, f"{name}.")
+        elif json.dumps(a, sort_keys=True, default=str) != json.dumps(b, sort_keys=True, default=str):
+            out.append((name, a, b))
+    return out
+
+
+def _resume_mismatch(ckpt: dict, cfg, run_dir: Path) -> str:
+    """One line naming the RESUME_KEYS fields that differ from the checkpointed run, and the fix."""
+    old = ckpt.get("config")
+    if not isinstance(old, dict):  # checkpoints written before the config was stored: Hydra's copy
+        try:
+            saved = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+            old = {k: OmegaConf.to_container(saved[k], resolve=True) if OmegaConf.is_config(saved[k]) else saved[k]
+                   for k in RESUME_KEYS if k in saved}
+        except Exception:  # noqa: BLE001 - no or unreadable copy: fall back to the generic message
+            old = None
+    diff = config_diff(old, resume_config(cfg)) if old else []
+    if not diff:
+        return (f"resume: the config differs from the checkpointed run in one of {RESUME_KEYS}; "
+                f"resume with the same overrides as {run_dir}/.hydra/overrides.yaml")
+
+    def show(v):
+        return "<unset>" if v is _UNSET else json.dumps(v, default=str)
+
+    shown = "; ".join(f"{k}: {show(a)} in the checkpoint, {show(b)} now" for k, a, b in diff[:5])
+    more = f"; and {len(diff) - 5} more" if len(diff) > 5 else ""
+    fix = " ".join(f"{k}={show(a)}" for k, a, _ in diff[:5] if a is not _UNSET)
+    return (f"resume: the config differs from the checkpointed run in {len(diff)} field(s) ({shown}{more}); "
+            f"resume with the checkpoint's values{f' ({fix})' if fix else ''} or start a new run without resume")
 
 
 @dataclass
@@ -185,8 +233,7 @@ def run_train(cfg, run_dir: str | Path) -> dict:
             raise ValueError(f"resume: {run_dir / CHECKPOINT} is not an essa checkpoint (version "
                              f"{ckpt.get('version') if isinstance(ckpt, dict) else '?'}); start afresh without resume")
         if ckpt.get("config_key") != config_key(cfg):
-            raise ValueError(f"resume: the config differs from the checkpointed run in one of {RESUME_KEYS}; "
-                             f"resume with the same overrides as {run_dir}/.hydra/overrides.yaml")
+            raise ValueError(_resume_mismatch(ckpt, cfg, run_dir))
         state = ckpt.get("run_state")
         if not isinstance(state, RunState) or not isinstance(ckpt.get("strategy"), dict):
             raise ValueError(f"resume: {run_dir / CHECKPOINT} is incomplete (no run state or strategy state); "
@@ -261,7 +308,7 @@ def run_train(cfg, run_dir: str | Path) -> dict:
     def save_checkpoint() -> None:
         state.wall_s = time.perf_counter() - t_start
         io.write_pickle(run_dir / CHECKPOINT, {"version": CHECKPOINT_VERSION, "config_key": config_key(cfg),
-                                               "run_state": state, "strategy": strategy.state_dict(),
+                                               "config": resume_config(cfg), "run_state": state, "strategy": strategy.state_dict(),
                                                "data_cursor": state.generation + 1})
 
     def mean_ref(g: int) -> AdapterRef:  # index P is the centre evaluated in generation g: use P + 1

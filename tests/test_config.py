@@ -84,6 +84,29 @@ def test_resume_key_ignores_generations_but_not_strategy():
     assert config_key(a) != config_key(c)
 
 
+def test_resume_refusal_names_the_differing_fields(tmp_path):
+    from omegaconf import OmegaConf
+
+    from engine import io
+    from engine.loop import CHECKPOINT, CHECKPOINT_VERSION, resume_config, run_train
+    old = train_cfg()
+    io.write_pickle(tmp_path / CHECKPOINT, {"version": CHECKPOINT_VERSION, "config_key": config_key(old),
+                                            "config": resume_config(old)})
+    with pytest.raises(ValueError) as e:
+        run_train(train_cfg(f"resume={tmp_path}", "strategy.sigma0=0.2", "seed=5"), tmp_path)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert f"strategy.sigma0: {old.strategy.sigma0} in the checkpoint, 0.2 now" in msg
+    assert f"seed: {old.seed} in the checkpoint, 5 now" in msg and "in 2 field(s)" in msg
+    assert f"seed={old.seed}" in msg and f"strategy.sigma0={old.strategy.sigma0}" in msg and "without resume" in msg
+    # a checkpoint without the stored config (older runs): the fields come from Hydra's saved config
+    io.write_pickle(tmp_path / CHECKPOINT, {"version": CHECKPOINT_VERSION, "config_key": config_key(old)})
+    (tmp_path / ".hydra").mkdir()
+    OmegaConf.save(old, tmp_path / ".hydra" / "config.yaml")
+    with pytest.raises(ValueError, match=r"in 1 field\(s\) \(task.val_size: \d+ in the checkpoint, 7 now\)"):
+        run_train(train_cfg(f"resume={tmp_path}", "task.val_size=7"), tmp_path)
+
+
 def test_minibatch_is_fresh_per_generation_and_reproducible():
     train = [Problem(str(i), f"q{i}", str(i)) for i in range(100)]
     b0, b0_again, b1 = minibatch(train, 16, 0, 0), minibatch(train, 16, 0, 0), minibatch(train, 16, 0, 1)
