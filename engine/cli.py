@@ -115,6 +115,71 @@ def hydra_error_line(e: BaseException) -> str:
     return " ".join(ln for ln in lines if not ln.startswith(("See https://", "Set the environment")))
 
 
+def config_groups(command: str) -> list[str]:
+    """The config groups (folders of conf/) that ``conf/<command>.yaml``'s defaults list selects."""
+    from omegaconf import OmegaConf
+
+    defaults = OmegaConf.to_container(OmegaConf.load(CONF_DIR / f"{HYDRA_COMMANDS[command]}.yaml")).get("defaults") or []
+    names = [k.split()[-1].split("@")[0] for d in defaults if isinstance(d, dict) for k in d]  # "optional x@pkg"
+    return sorted(n for n in names if (CONF_DIR / n).is_dir())
+
+
+def _compose_ok(command: str, overrides: list[str]) -> bool:
+    """Whether ``command``'s config composes with ``overrides`` and has no field its schema lacks."""
+    from hydra import compose, initialize_config_dir
+
+    from .config import unknown_keys
+
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return not unknown_keys(compose(config_name=HYDRA_COMMANDS[command], overrides=overrides), command)
+    except Exception:  # noqa: BLE001 - any failure means "does not accept"
+        return False
+
+
+def group_override_error(command: str, argv: list[str]) -> str | None:
+    """One line for an override that selects a config group ``command`` does not use, else None.
+
+    ``essa eval +experiment=tiny``: the ``experiment`` group (conf/experiment/) overlays train's
+    config only. A group counts as used by a command when its defaults list selects it, or (overlay
+    groups such as ``experiment``, selected by no defaults list) when the command's config composes
+    with the group's first option added. The line names the override, the commands that accept the
+    group and the command's own groups.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
+
+    try:
+        overrides = OverridesParser.create().parse_overrides(argv)
+    except Exception:  # noqa: BLE001 - a malformed override: Hydra's own error says which
+        return None
+    listed = {c: config_groups(c) for c in HYDRA_COMMANDS}
+    for o in overrides:
+        group = o.key_or_group
+        if group.startswith("hydra") or not (CONF_DIR / group).is_dir() or group in listed[command]:
+            continue
+        options = sorted(f.stem for f in (CONF_DIR / group).glob("*.yaml"))
+        overlay = not any(group in g for g in listed.values())
+
+        def accepts(c: str) -> bool:
+            if not listed[c]:
+                return False  # a command without config groups (bench) takes none
+            return group in listed[c] or overlay and bool(options) and _compose_ok(c, [f"+{group}={options[0]}"])
+
+        if accepts(command):
+            if o.type == OverrideType.CHANGE:  # an overlay group is added, not changed
+                return (f"override '{o.input_line}': config group '{group}' is an overlay that no defaults list "
+                        f"selects; add it with '+': +{o.input_line}")
+            continue
+        others = [f"essa {c}" for c in HYDRA_COMMANDS if c != command and accepts(c)]
+        where = f" ({' and '.join(others)} {'accepts' if len(others) == 1 else 'accept'} it)" if others else ""
+        own = (f"essa {command}'s groups: {', '.join(listed[command])}" if listed[command]
+               else f"essa {command} takes no config groups")
+        return (f"override '{o.input_line}': config group '{group}' does not apply to essa {command}{where}; "
+                f"{own}; drop the override or run the command that takes it")
+    return None
+
+
 def _precheck(command: str, argv: list[str]) -> None:
     """Compose the config once before Hydra runs, so a bad override exits 2 with one line (Hydra itself
     prints several lines and exits 1). Skipped for multirun and Hydra flags (``-m``, ``--cfg`` ...)."""
@@ -130,8 +195,12 @@ def _precheck(command: str, argv: list[str]) -> None:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name=HYDRA_COMMANDS[command], overrides=argv)
     except (HydraException, OmegaConfBaseException) as e:
-        _fail(ValueError(hydra_error_line(e)))
+        _fail(ValueError(group_override_error(command, argv) or hydra_error_line(e)))
     extra = unknown_keys(cfg, command)
+    if extra or not config_groups(command):  # a command without groups composes any '+group=...' silently
+        line = group_override_error(command, argv)
+        if line:
+            _fail(ConfigError(line))
     if extra:
         _fail(ConfigError(f"{extra[0]}: no such field (added with '+'?); check the spelling "
                           f"(`essa {command} --cfg job` prints every field)"))

@@ -150,3 +150,36 @@ def test_cli_composition_errors_are_one_line(argv, expect, capsys):
     assert exc.value.code == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(err) == 1 and err[0].startswith("essa: error:") and expect in err[0], err
+
+
+@pytest.mark.parametrize("argv, expect", [
+    # a group of another command: named, with the commands that take it and this command's groups
+    (["eval", "+experiment=tiny"], "override '+experiment=tiny': config group 'experiment' does not apply to "
+                                   "essa eval (essa train accepts it); essa eval's groups: engine, model, reward, task"),
+    (["eval", "strategy=essa"], "config group 'strategy' does not apply to essa eval (essa train accepts it)"),
+    (["eval", "sft=off"], "(essa train and essa grpo accept it)"),
+    (["grpo", "+experiment=tiny"], "essa grpo's groups: model, reward, sft, task"),
+    (["bench", "+experiment=tiny"], "essa bench takes no config groups"),  # bench composed it silently
+    # an overlay group without '+'
+    (["train", "experiment=tiny"], "add it with '+': +experiment=tiny"),
+    # the command's own group with a bad option keeps Hydra's list of options
+    (["train", "+experiment=nope"], "no config 'experiment/nope'; available: tiny"),
+])
+def test_cli_group_overrides_name_the_command(argv, expect, capsys):
+    from engine.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and err[0].startswith("essa: error:") and expect in err[0], err
+
+
+def test_group_override_check_passes_accepted_overrides():
+    from engine.cli import config_groups, group_override_error
+
+    assert config_groups("train") == ["engine", "model", "reward", "sft", "strategy", "task"]
+    assert config_groups("bench") == []
+    assert group_override_error("train", ["+experiment=tiny", "task=gsm8k", "strategy.sigma0=0.2"]) is None
+    assert group_override_error("eval", ["task=gsm8k", "n=2"]) is None
+    assert group_override_error("bench", ["populations=[4]"]) is None
