@@ -48,6 +48,7 @@ def _run(command: str, cfg) -> float | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    from . import interrupts
     from .sweeps import clear_job_failure, error_line, record_job_failure
 
     hc = HydraConfig.get()
@@ -76,6 +77,9 @@ def _run(command: str, cfg) -> float | None:
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as e:
+        if interrupts.requested():  # e.g. vLLM's EngineDeadError: the Ctrl-C also reached the engine's process
+            print(f"essa: interrupted ({type(e).__name__} after Ctrl-C)", file=sys.stderr)
+            sys.exit(130)
         user_error = isinstance(e, USER_ERRORS)
         if os.environ.get("ESSA_DEBUG"):
             raise
@@ -218,11 +222,15 @@ def _hydra(command: str, argv: list[str]) -> None:
     def entry(cfg):
         return _run(command, cfg)
 
+    from . import interrupts
     from .sweeps import FINISHED_SWEEPS, failure_lines
 
     sys.argv = [f"essa {command}"] + argv
     FINISHED_SWEEPS.clear()
-    entry()
+    # Ctrl-C / kill -INT stops the run with a resume hint, even where SIGINT was inherited ignored
+    # (a background job of a shell without job control) or also reached vLLM's engine process
+    with interrupts.handling():
+        entry()
     for sweep_dir in FINISHED_SWEEPS:  # multirun: name every failed job, then exit non-zero
         lines = failure_lines(sweep_dir)
         if lines:

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from . import io
+from . import interrupts, io
 from .adapters import read_adapter, write_adapter
 from .backends import AdapterRef, Sampling, lora_int_id
 from .config import ConfigError, validate
@@ -207,6 +207,16 @@ def _truncate_logs(run_dir: Path, generation: int) -> None:
             f.unlink()
 
 
+@dataclass
+class _Progress:
+    """What an interrupted run reports: its directory, the generation of the checkpoint on disk
+    (-1: none yet) and the evaluator to close."""
+
+    run_dir: Path | None = None
+    checkpoint_generation: int = -1
+    evaluator: object = None
+
+
 def run_train(cfg, run_dir: str | Path) -> dict:
     """Run (or resume) one ESSA training job; returns the final accuracy table.
 
@@ -219,12 +229,51 @@ def run_train(cfg, run_dir: str | Path) -> dict:
 
     Raises:
         ConfigError / ValueError / FileNotFoundError: bad configuration or input (one-line messages).
+        KeyboardInterrupt: Ctrl-C (SIGINT), also when another exception follows it (vLLM's
+            ``EngineDeadError`` once the signal reached the engine's own process,
+            :mod:`engine.interrupts`). The checkpoint of the last finished generation, written
+            right after it, is left as it is (the strategy may already have asked for the next
+            generation); one line on stderr says how to resume, or that nothing can be resumed.
     """
+    progress = _Progress()
+    try:
+        return _run_train(cfg, run_dir, progress)
+    except BaseException as exc:
+        if not isinstance(exc, KeyboardInterrupt) and not interrupts.requested():
+            raise
+        _report_interrupt(progress, exc)
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise KeyboardInterrupt(f"interrupted ({type(exc).__name__} after Ctrl-C)") from exc
+
+
+def _report_interrupt(progress: _Progress, exc: BaseException) -> None:
+    """The interrupted run's one line on stderr (resume hint, or nothing to resume); closes the evaluator."""
+    after = "" if isinstance(exc, KeyboardInterrupt) else f" ({type(exc).__name__} after Ctrl-C)"
+    if progress.run_dir is None:
+        print(f"\ninterrupted{after} before the run started", file=sys.stderr)
+    elif progress.checkpoint_generation >= 0:
+        print(f"\ninterrupted{after}: checkpoint of generation {progress.checkpoint_generation} in "
+              f"{progress.run_dir / CHECKPOINT}; continue with: essa train resume={progress.run_dir} "
+              "<same overrides>", file=sys.stderr)
+    else:
+        print(f"\ninterrupted{after} before the first generation finished: nothing to resume (no checkpoint in "
+              f"{progress.run_dir}); start the run again (a finished SFT warm start is cached)", file=sys.stderr)
+    if progress.evaluator is not None:
+        try:
+            progress.evaluator.close()
+        except BaseException as e:  # noqa: BLE001 - a dead engine, or a second Ctrl-C: we are exiting anyway
+            log.warning("closing the evaluator after the interrupt failed: %s: %s", type(e).__name__, e)
+
+
+def _run_train(cfg, run_dir: str | Path, progress: _Progress) -> dict:
+    """:func:`run_train`'s body; records in ``progress`` what an interrupt message needs."""
     from strategies import get_strategy
     from strategies.genomes import make_genome
 
     validate(cfg)
     run_dir = Path(cfg.resume) if cfg.resume else Path(run_dir)
+    progress.run_dir = run_dir
     state = RunState()
     ckpt = None
     if cfg.resume:
@@ -238,6 +287,7 @@ def run_train(cfg, run_dir: str | Path) -> dict:
         if not isinstance(state, RunState) or not isinstance(ckpt.get("strategy"), dict):
             raise ValueError(f"resume: {run_dir / CHECKPOINT} is incomplete (no run state or strategy state); "
                              "start afresh without resume")
+    progress.checkpoint_generation = state.generation  # -1 in a new run
     run_dir.mkdir(parents=True, exist_ok=True)
 
     strategy_cls = get_strategy(cfg.strategy._target_ or cfg.strategy.name)  # fail fast, before SFT
@@ -284,6 +334,7 @@ def run_train(cfg, run_dir: str | Path) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     meta = AdapterMeta(cfg.lora.rank, cfg.lora.alpha, tuple(cfg.lora.target_modules), model_path)
     evaluator = build_evaluator(cfg, serve_path, codec, meta, tokenizer)
+    progress.evaluator = evaluator
     sft_ref = AdapterRef("sft", lora_int_id(-1, 0), str(sft_dir))
     sampling_for = lambda g: Sampling(max_tokens=cfg.rollout.max_tokens, temperature=cfg.rollout.temperature,  # noqa: E731
                                       top_p=cfg.rollout.top_p, n=cfg.rollout.samples_per_prompt,
@@ -310,59 +361,53 @@ def run_train(cfg, run_dir: str | Path) -> dict:
         io.write_pickle(run_dir / CHECKPOINT, {"version": CHECKPOINT_VERSION, "config_key": config_key(cfg),
                                                "config": resume_config(cfg), "run_state": state, "strategy": strategy.state_dict(),
                                                "data_cursor": state.generation + 1})
+        progress.checkpoint_generation = state.generation
 
     def mean_ref(g: int) -> AdapterRef:  # index P is the centre evaluated in generation g: use P + 1
         return evaluator.write_candidates(strategy.mean[None, :], generation=g, first_candidate=P + 1)[0]
 
-    try:
-        if ckpt is None and cfg.eval.baselines:
-            add_validation(0, validation(evaluator, {"no_adapter": None, "sft": sft_ref}, task.val, cfg))
-        for g in range(state.generation + 1, cfg.generations):
-            t0 = time.perf_counter()
-            genomes = strategy.ask()  # (P, D)
-            t_ask = time.perf_counter() - t0
-            batch = minibatch(task.train, cfg.rollout.prompts_per_generation, cfg.seed, g)
-            # the centre (the mean genome, index P) shares the prompts and sampling seeds: a paired control
-            evaluated = np.vstack([genomes, strategy.mean[None, :]]) if cfg.rollout.center else genomes
-            result = evaluator.evaluate(evaluated, batch, g, sampling_for(g))
-            fit = result.fitness[:P]  # (P,) mean reward of each candidate
-            t1 = time.perf_counter()
-            if np.isfinite(fit).any():
-                shaped = fit if cfg.rollout.aggregate == "mean" else question_z_fitness(result.rewards[:P])
-                strategy.tell(genomes, shaped)
-            else:  # nothing scorable: an update would be meaningless; the next ask re-samples
-                log.warning("gen %d: no candidate could be scored (all fitness NaN); strategy not updated", g)
-            t_tell = time.perf_counter() - t1
-            if np.isfinite(fit).any() and np.nanmax(fit) > state.best_fitness:
-                k = int(np.nanargmax(fit))
-                state.best_fitness, state.best_genome, state.best_generation = float(fit[k]), genomes[k].copy(), g
-            result.rollouts["center"] = [c == P for c in result.rollouts["candidate"]]
-            io.write_parquet(run_dir / "rollouts" / f"gen_{g:06d}.parquet", result.rollouts)
-            row = generation_row(g, time.perf_counter() - t_start, result, P, strategy.sigma, t_ask, t_tell)
-            metrics.append(row)
-            io.write_parquet(run_dir / "metrics.parquet", metrics)
-            log.info("gen %d (%d of %d)  fitness mean %.3f max %.3f centre %.3f  split-half rho %.2f  "
-                     "sigma %.4f  %d tok  %.0f tok/s  %.1fs", g, g + 1, cfg.generations, row["fitness_mean"],
-                     row["fitness_max"], row["fitness_center"], row["split_half_rho"], row["sigma"],
-                     row["tokens"], row["tokens_per_s"], row["t_generate"])
-            state.generation = g
-            save_checkpoint()  # right after the generation's logs: an interrupted validation loses nothing
-            over = cfg.time_budget_s is not None and time.perf_counter() - t_start >= cfg.time_budget_s
-            last = g == cfg.generations - 1 or over
-            if not last and cfg.eval.every and (g + 1) % cfg.eval.every == 0:
-                add_validation(g + 1, validation(evaluator, {"mean": mean_ref(g)}, task.val, cfg))
-                evaluator.release(g)
-                save_checkpoint()  # again, so the clock includes the validation
-            if over:
-                log.info("time budget %.0f s reached after generation %d (%.1f s)", cfg.time_budget_s, g,
-                         time.perf_counter() - t_start)
-                break
-    except KeyboardInterrupt:
-        save_checkpoint()
-        print(f"\ninterrupted: checkpoint of generation {state.generation} in {run_dir / CHECKPOINT}; "
-              f"continue with: essa train resume={run_dir} <same overrides>", file=sys.stderr)
-        evaluator.close()
-        raise
+    if ckpt is None and cfg.eval.baselines:
+        add_validation(0, validation(evaluator, {"no_adapter": None, "sft": sft_ref}, task.val, cfg))
+    for g in range(state.generation + 1, cfg.generations):
+        t0 = time.perf_counter()
+        genomes = strategy.ask()  # (P, D)
+        t_ask = time.perf_counter() - t0
+        batch = minibatch(task.train, cfg.rollout.prompts_per_generation, cfg.seed, g)
+        # the centre (the mean genome, index P) shares the prompts and sampling seeds: a paired control
+        evaluated = np.vstack([genomes, strategy.mean[None, :]]) if cfg.rollout.center else genomes
+        result = evaluator.evaluate(evaluated, batch, g, sampling_for(g))
+        fit = result.fitness[:P]  # (P,) mean reward of each candidate
+        t1 = time.perf_counter()
+        if np.isfinite(fit).any():
+            shaped = fit if cfg.rollout.aggregate == "mean" else question_z_fitness(result.rewards[:P])
+            strategy.tell(genomes, shaped)
+        else:  # nothing scorable: an update would be meaningless; the next ask re-samples
+            log.warning("gen %d: no candidate could be scored (all fitness NaN); strategy not updated", g)
+        t_tell = time.perf_counter() - t1
+        if np.isfinite(fit).any() and np.nanmax(fit) > state.best_fitness:
+            k = int(np.nanargmax(fit))
+            state.best_fitness, state.best_genome, state.best_generation = float(fit[k]), genomes[k].copy(), g
+        result.rollouts["center"] = [c == P for c in result.rollouts["candidate"]]
+        io.write_parquet(run_dir / "rollouts" / f"gen_{g:06d}.parquet", result.rollouts)
+        row = generation_row(g, time.perf_counter() - t_start, result, P, strategy.sigma, t_ask, t_tell)
+        metrics.append(row)
+        io.write_parquet(run_dir / "metrics.parquet", metrics)
+        log.info("gen %d (%d of %d)  fitness mean %.3f max %.3f centre %.3f  split-half rho %.2f  "
+                 "sigma %.4f  %d tok  %.0f tok/s  %.1fs", g, g + 1, cfg.generations, row["fitness_mean"],
+                 row["fitness_max"], row["fitness_center"], row["split_half_rho"], row["sigma"],
+                 row["tokens"], row["tokens_per_s"], row["t_generate"])
+        state.generation = g
+        save_checkpoint()  # right after the generation's logs: an interrupted validation loses nothing
+        over = cfg.time_budget_s is not None and time.perf_counter() - t_start >= cfg.time_budget_s
+        last = g == cfg.generations - 1 or over
+        if not last and cfg.eval.every and (g + 1) % cfg.eval.every == 0:
+            add_validation(g + 1, validation(evaluator, {"mean": mean_ref(g)}, task.val, cfg))
+            evaluator.release(g)
+            save_checkpoint()  # again, so the clock includes the validation
+        if over:
+            log.info("time budget %.0f s reached after generation %d (%.1f s)", cfg.time_budget_s, g,
+                     time.perf_counter() - t_start)
+            break
 
     # Final validation of the mean and the best genome, exports in PEFT format.
     final_step = state.generation + 1  # = generations, or fewer when the time budget stopped the run

@@ -1,0 +1,215 @@
+"""Ctrl-C (SIGINT) of a run: engine/interrupts.py and run_train's interrupt path, without vLLM.
+
+* SIGINT raises KeyboardInterrupt under ``interrupts.handling()`` even where the process inherited
+  SIGINT ignored, which is what a job started with ``cmd &`` by a shell without job control gets
+  (a CI runner's script): Python keeps an inherited SIG_IGN, and the run used to go on to exit 0;
+* run_train with a fake evaluator interrupted in generation 1 leaves the checkpoint of generation 0
+  as it was (no mid-generation strategy state), prints the resume hint, and raises
+  KeyboardInterrupt, also when the interrupt shows up as another exception (vLLM's EngineDeadError
+  when the Ctrl-C reached the engine's process too); interrupted in generation 0 it says that
+  there is nothing to resume.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+
+from engine import interrupts
+from engine.cli import CONF_DIR
+from engine.config import register_configs
+
+register_configs()
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    interrupts.reset()
+    yield
+    interrupts.reset()
+
+
+def _deliver_sigint():
+    signal.raise_signal(signal.SIGINT)
+    time.sleep(0.05)  # the Python-level handler runs at the next bytecode boundary
+
+
+def test_sigint_raises_and_is_recorded_even_when_inherited_ignored():
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with interrupts.handling():
+                assert not interrupts.requested()
+                _deliver_sigint()
+        assert interrupts.requested()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # the previous disposition is back
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+CHILD = """
+import signal, sys, time
+from engine import interrupts
+print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN, flush=True)
+try:
+    with interrupts.handling():
+        print("ready", flush=True)
+        time.sleep(60)
+except KeyboardInterrupt:
+    print("interrupted", interrupts.requested(), flush=True)
+    sys.exit(130)
+"""
+
+
+def test_background_job_with_sigint_ignored_still_stops_on_sigint():
+    """The CI case: a process that inherited SIGINT ignored (``cmd &`` without job control)."""
+    proc = subprocess.Popen([sys.executable, "-c", CHILD], cwd=REPO, stdout=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        assert proc.stdout.readline().strip() == "True"  # inherited: Python kept SIG_IGN
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and out.strip() == "interrupted True"
+
+
+# ----------------------------------------------------------------------------- run_train, fake evaluator
+class EngineDead(RuntimeError):
+    """Stands in for vllm.v1.engine.exceptions.EngineDeadError."""
+
+
+class FakeEvaluator:
+    """Scores candidate k with fitness -|genome k|^2 (no engine); SIGINTs itself in ``interrupt_at``."""
+
+    def __init__(self, run_dir: Path, interrupt_at: int, engine_dies: bool = False):
+        self.run_dir, self.interrupt_at, self.engine_dies = run_dir, interrupt_at, engine_dies
+        self.checkpoint_before: bytes | None = None
+        self.closed = False
+
+    def evaluate(self, genomes, problems, generation, sampling, first_candidate=0, use_tqdm=True):
+        from engine.population import EvalResult
+
+        if generation == self.interrupt_at:
+            ckpt = self.run_dir / "checkpoint.pkl"
+            self.checkpoint_before = ckpt.read_bytes() if ckpt.exists() else None
+            try:
+                _deliver_sigint()
+            except KeyboardInterrupt:
+                if self.engine_dies:  # the engine process got the Ctrl-C too: the driver sees it dead
+                    raise EngineDead("EngineCore encountered an issue") from None
+                raise
+            raise AssertionError("SIGINT did not interrupt the run")
+        P, N = len(genomes), len(problems)
+        fitness = -np.sum(np.asarray(genomes) ** 2, axis=1)
+        rewards = np.repeat(fitness[:, None, None], N, axis=1)
+        rows = {k: [] for k in ("generation", "candidate", "prompt_id", "sample", "completion", "extracted_answer",
+                                "reward", "status", "n_tokens")}
+        for p in range(P):
+            for n in range(N):
+                for k, v in zip(rows, (generation, first_candidate + p, problems[n].id, 0, "x", None,
+                                       float(fitness[p]), "ok", 1)):
+                    rows[k].append(v)
+        return EvalResult(fitness, rewards, rows, {"generate": 0.01}, P * N)
+
+    def score(self, adapters, problems, sampling, timings=None, use_tqdm=True):
+        A, N = len(adapters), len(problems)
+        return np.zeros((A, N, 1)), [[[]] * N] * A, [None] * (A * N), ["ok"] * (A * N)
+
+    def write_candidates(self, genomes, generation, first_candidate=0, timings=None):
+        from engine.backends import AdapterRef
+        return [AdapterRef(f"g{generation}c{first_candidate + k}", 1 + k, "/nonexistent") for k in range(len(genomes))]
+
+    def release(self, generation):
+        pass
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.fixture
+def fake_run(monkeypatch, tmp_path):
+    """run_train with everything heavy replaced: no model, no SFT, no tokenizer, a fake evaluator."""
+    import transformers
+
+    import engine.loop as loop
+    from engine.adapters import write_adapter
+    from strategies.genomes import random_lora
+
+    sft = write_adapter(tmp_path / "sft", random_lora(num_layers=2, rank=8, hidden=32, kv_dim=16), 8, 16.0, "fake")
+    monkeypatch.setattr(loop, "resolve_model_path", lambda path, *a: "fake-model")
+    monkeypatch.setattr(loop, "warm_start", lambda *a, **k: sft)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", staticmethod(lambda *a, **k: None))
+    made = {}
+
+    def build(interrupt_at: int, engine_dies: bool = False):
+        def build_evaluator(cfg, model_path, codec, meta, tokenizer):
+            made["evaluator"] = FakeEvaluator(tmp_path / "run", interrupt_at, engine_dies)
+            return made["evaluator"]
+        monkeypatch.setattr(loop, "build_evaluator", build_evaluator)
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name="train", overrides=["+experiment=tiny", "generations=3", "eval.baselines=false",
+                                                          "task.train_size=16", "task.val_size=2"])
+        return cfg, made
+
+    return build, tmp_path / "run"
+
+
+@pytest.mark.parametrize("engine_dies", [False, True], ids=["keyboard-interrupt", "engine-dead-after-sigint"])
+def test_interrupt_keeps_the_last_generations_checkpoint(fake_run, engine_dies, capsys):
+    from engine import io
+    from engine.loop import run_train
+
+    build, run_dir = fake_run
+    cfg, made = build(interrupt_at=1, engine_dies=engine_dies)
+    with interrupts.handling():
+        with pytest.raises(KeyboardInterrupt):
+            run_train(cfg, run_dir)
+    ev = made["evaluator"]
+    assert ev.checkpoint_before is not None, "generation 0 left no checkpoint"
+    # generation 1's ask() had already moved the strategy on: the checkpoint must not take that state
+    assert (run_dir / "checkpoint.pkl").read_bytes() == ev.checkpoint_before
+    assert io.read_pickle(run_dir / "checkpoint.pkl")["run_state"].generation == 0
+    err = capsys.readouterr().err
+    assert f"checkpoint of generation 0 in {run_dir / 'checkpoint.pkl'}" in err and f"resume={run_dir}" in err
+    assert ("EngineDead after Ctrl-C" in err) == engine_dies
+    assert ev.closed
+
+
+def test_interrupt_before_the_first_generation_finished_has_nothing_to_resume(fake_run, capsys):
+    from engine.loop import run_train
+
+    build, run_dir = fake_run
+    cfg, made = build(interrupt_at=0)
+    with interrupts.handling():
+        with pytest.raises(KeyboardInterrupt):
+            run_train(cfg, run_dir)
+    assert not (run_dir / "checkpoint.pkl").exists()
+    err = capsys.readouterr().err
+    assert "nothing to resume" in err and "resume=" not in err
+    assert made["evaluator"].closed
+
+
+def test_an_error_without_an_interrupt_is_not_an_interrupt(fake_run, capsys, monkeypatch):
+    from engine.loop import run_train
+
+    build, run_dir = fake_run
+    cfg, made = build(interrupt_at=-1)
+
+    def broken(*a, **k):
+        raise EngineDead("a real engine failure")
+
+    monkeypatch.setattr(FakeEvaluator, "evaluate", broken)
+    with pytest.raises(EngineDead):
+        run_train(cfg, run_dir)
+    assert "interrupted" not in capsys.readouterr().err
