@@ -290,7 +290,8 @@ def _run_train(cfg, run_dir: str | Path, progress: _Progress) -> dict:
     progress.checkpoint_generation = state.generation  # -1 in a new run
     run_dir.mkdir(parents=True, exist_ok=True)
 
-    strategy_cls = get_strategy(cfg.strategy._target_ or cfg.strategy.name)  # fail fast, before SFT
+    strategy_cls = get_strategy(cfg.strategy._target_ or cfg.strategy.name,  # fail fast, before SFT
+                                "strategy._target_" if cfg.strategy._target_ else "strategy.name")
     check_strategy_options(strategy_cls, cfg)
     model_path = resolve_model_path(cfg.model.path)
     dtype, dtype_reason = resolve_dtype(cfg.model.dtype)  # vLLM's; logs one line

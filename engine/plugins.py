@@ -116,7 +116,7 @@ def check_strategy_choice(cfg, choice: str | None) -> None:
     options = OmegaConf.to_container(s.options, resolve=True) or {}
     if choice is None or not options or (not s._target_ and s.name == choice):
         return
-    cls = get_strategy(selected)
+    cls = get_strategy(selected, "strategy._target_" if s._target_ else "strategy.name")
     try:
         cls(dim=2, x0=None, seed=cfg.seed, population_size=s.population_size, sigma0=s.sigma0, **options)
         return  # the picked class takes the left-over options

@@ -47,21 +47,24 @@ def _check(obj: object, where: str) -> type[Strategy]:
     return obj
 
 
-def get_strategy(name_or_target: str) -> type[Strategy]:
+def get_strategy(name_or_target: str, field: str | None = None) -> type[Strategy]:
     """Resolve a strategy class by registry name, entry point, or dotted path.
 
     Args:
         name_or_target: ``"cma_es"``, an ``essa.strategies`` entry-point name, or
             ``"pkg.module.Class"``.
+        field: the config field that named it (``"strategy.name"``, ``"strategy._target_"``);
+            error messages start with ``<field>=<value>``.
 
     Returns:
         The :class:`Strategy` subclass (not an instance).
 
     Raises:
-        ValueError: if nothing matches (one line listing the known names and how to register
-            a plugin) or the match is not a Strategy subclass. Errors raised while importing
-            a plugin module propagate unchanged.
+        ValueError: if nothing matches (one line naming the field and value, listing the built-in
+            names and the installed plugins, and how to register a plugin) or the match is not a
+            Strategy subclass. Errors raised while importing a plugin module propagate unchanged.
     """
+    where = f"{field}={name_or_target!r}" if field else f"strategy {name_or_target!r}"
     if name_or_target in REGISTRY:
         return REGISTRY[name_or_target]
     entry_points = plugin_entry_points()
@@ -77,10 +80,12 @@ def get_strategy(name_or_target: str) -> type[Strategy]:
                 raise  # the plugin module exists but one of its own imports is missing
         else:
             if not hasattr(module, attr):
-                raise ValueError(f"strategy {name_or_target!r}: module {module_name!r} has no attribute {attr!r}")
+                raise ValueError(f"{where}: module {module_name!r} has no attribute {attr!r}; fix the dotted path "
+                                 f"'pkg.module.Class'")
             return _check(getattr(module, attr), repr(name_or_target))
-    known = sorted(set(REGISTRY) | {ep.name for ep in entry_points})
+    plugins = sorted({ep.name for ep in entry_points} - set(REGISTRY))
     raise ValueError(
-        f"unknown strategy {name_or_target!r}; known: {', '.join(known)}; register a plugin under entry-point group "
-        f"{ENTRY_POINT_GROUP!r} or pass a dotted path 'pkg.module.Class'"
+        f"{where} is not a known strategy; use one of: built-in {', '.join(sorted(REGISTRY))}; installed plugins "
+        f"{', '.join(plugins) or '(none)'}; or a dotted path 'pkg.module.Class', or register a plugin under "
+        f"entry-point group {ENTRY_POINT_GROUP!r}"
     )

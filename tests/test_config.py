@@ -183,3 +183,20 @@ def test_group_override_check_passes_accepted_overrides():
     assert group_override_error("train", ["+experiment=tiny", "task=gsm8k", "strategy.sigma0=0.2"]) is None
     assert group_override_error("eval", ["task=gsm8k", "n=2"]) is None
     assert group_override_error("bench", ["populations=[4]"]) is None
+
+
+@pytest.mark.parametrize("override, start", [
+    ("strategy.name=nope", "strategy.name='nope' is not a known strategy"),
+    ("strategy._target_=no_such_pkg.Nope", "strategy._target_='no_such_pkg.Nope' is not a known strategy"),
+])
+def test_unknown_strategy_names_the_field_and_the_choices(override, start, tmp_path):
+    from engine.loop import run_train
+    from engine.plugins import check_strategy_choice
+
+    cfg = train_cfg(override)
+    for check in (lambda: check_strategy_choice(cfg, "essa"), lambda: run_train(cfg, tmp_path)):
+        with pytest.raises(ValueError) as e:
+            check()
+        msg = str(e.value)
+        assert msg.startswith(start) and "\n" not in msg, msg
+        assert "built-in cma_es, essa, sep_cma; installed plugins" in msg and "dotted path" in msg
