@@ -30,25 +30,6 @@ GSM8K = Path(os.environ.get("ESSA_DATA", "/work/shared/data")) / "gsm8k" / "test
 N_ADAPTERS, N_PROMPTS, MAX_TOKENS = 4, 4, 32
 
 
-def _random_lora(config, seed: int, rank: int = 8, std: float = 0.03) -> dict:
-    """A q/k/v/o LoRA state with N(0, std^2) factors: with alpha = 2r, ~10 % of a weight's scale."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    hd = config.hidden_size // config.num_attention_heads
-    dims = {"q_proj": (config.hidden_size, config.num_attention_heads * hd),
-            "k_proj": (config.hidden_size, config.num_key_value_heads * hd),
-            "v_proj": (config.hidden_size, config.num_key_value_heads * hd),
-            "o_proj": (config.num_attention_heads * hd, config.hidden_size)}
-    lora = {}
-    for layer in range(config.num_hidden_layers):
-        for m, (d_in, d_out) in dims.items():
-            pre = f"base_model.model.model.layers.{layer}.self_attn.{m}"
-            lora[f"{pre}.lora_A.weight"] = torch.randn(rank, d_in, generator=g) * std
-            lora[f"{pre}.lora_B.weight"] = torch.randn(d_out, rank, generator=g) * std
-    return lora
-
-
 def serve(fast: bool, out_json: str, adapter_dir: str) -> None:
     """Start one engine (fast or stock kernels), generate the fixed requests, write texts as JSON."""
     sys.path.insert(0, str(REPO))
@@ -58,12 +39,13 @@ def serve(fast: bool, out_json: str, adapter_dir: str) -> None:
     from engine.backends import AdapterRef, Sampling
     from engine.backends.vllm_local import VLLMBackend
     from engine.model import resolve_model_path
+    from tests.helpers import random_lora
 
     model = resolve_model_path("embedded:smollm2-135m-instruct")
     cfg = AutoConfig.from_pretrained(model)
     refs = []
     for k in range(N_ADAPTERS):
-        path = write_adapter(Path(adapter_dir) / f"a{k}", _random_lora(cfg, seed=k), 8, 16.0, model)
+        path = write_adapter(Path(adapter_dir) / f"a{k}", random_lora(cfg, seed=k), 8, 16.0, model)
         refs.append(AdapterRef(f"a{k}", 100 + k, str(path)))
     # max_loras = P + 1 leaves the last slot empty, so vLLM 0.32's stock ops (which apply the last
     # slot to no-adapter tokens) and the fast ops agree on the base-model requests too.

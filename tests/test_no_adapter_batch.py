@@ -146,26 +146,6 @@ def test_backend_splits_mixed_batches_only_when_the_engine_cannot_guarantee(plan
 
 
 # ----------------------------------------------------------------------------- integration tier
-def _random_lora(config, seed: int, rank: int = 8, std: float = 0.03) -> dict:
-    """A q/k/v/o LoRA state with N(0, std^2) factors (PEFT keys, float32): with alpha = 2r the
-    delta is about 10 % of a weight's scale, enough to change every greedy completion."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    hd = config.hidden_size // config.num_attention_heads
-    dims = {"q_proj": (config.hidden_size, config.num_attention_heads * hd),
-            "k_proj": (config.hidden_size, config.num_key_value_heads * hd),
-            "v_proj": (config.hidden_size, config.num_key_value_heads * hd),
-            "o_proj": (config.num_attention_heads * hd, config.hidden_size)}
-    lora = {}
-    for layer in range(config.num_hidden_layers):
-        for m, (d_in, d_out) in dims.items():
-            pre = f"base_model.model.model.layers.{layer}.self_attn.{m}"
-            lora[f"{pre}.lora_A.weight"] = torch.randn(rank, d_in, generator=g) * std
-            lora[f"{pre}.lora_B.weight"] = torch.randn(d_out, rank, generator=g) * std
-    return lora
-
-
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """Model path, tokenizer, four GSM8K test problems and one random adapter on disk."""
@@ -180,12 +160,13 @@ def setup(tmp_path_factory):
     from engine.model import resolve_model_path
     from engine.population import AdapterMeta
     from engine.tasks import load_task
+    from tests.helpers import random_lora
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         base = compose(config_name="train", overrides=["+experiment=tiny", "task=gsm8k", f"task.val_size={N_PROMPTS}"])
     model = resolve_model_path(base.model.path)
-    lora = _random_lora(AutoConfig.from_pretrained(model), seed=0)
+    lora = random_lora(AutoConfig.from_pretrained(model), seed=0)
     alpha = 2.0 * base.lora.rank
     path = write_adapter(tmp_path_factory.mktemp("adapter") / "random", lora, base.lora.rank, alpha, model)
     return dict(model=model, tokenizer=AutoTokenizer.from_pretrained(model),

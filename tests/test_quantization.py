@@ -135,11 +135,11 @@ def serve(qdir: str, float_path: str, out_json: str, adapter_dir: str) -> None:
     from engine.backends import AdapterRef, Sampling
     from engine.backends.vllm_local import VLLMBackend
     from engine.prompts import build_prompt
-    from tests.test_fast_lora_integration import _random_lora
+    from tests.helpers import random_lora
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(float_path)
-    rand = _random_lora(config, seed=1)
+    rand = random_lora(config, seed=1)
     zero = {k: (torch.zeros_like(v) if ".lora_B." in k else v) for k, v in rand.items()}
     refs = [None]
     for i, lora in enumerate((zero, rand)):  # adapters name the FLOAT base, as every essa adapter does
