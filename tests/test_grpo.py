@@ -31,7 +31,7 @@ def test_config_composes_with_the_essa_defaults():
 
     cfg = compose()
     validate(cfg)
-    assert cfg.grpo.focal_gamma == 0 and cfg.grpo.num_generations == 4
+    assert cfg.grpo.focal_gamma == 0 and cfg.grpo.num_generations == 8
     train = compose_train()
     assert (cfg.lora.rank, cfg.lora.alpha, list(cfg.lora.target_modules)) == \
         (train.lora.rank, train.lora.alpha, list(train.lora.target_modules))
@@ -147,3 +147,17 @@ def test_tiny_real_run(tmp_path):
     assert len(names) == 4 * base.config.num_hidden_layers
     assert not (run_dir / "trainer").exists()
 
+
+
+def test_auto_micro_batch_bounds_the_training_pass():
+    # grpo.micro_batch_size=null: one pass over 64 rollouts needed ~19 GB on CPU (killed for memory)
+    from engine.grpo import auto_micro_batch
+    assert auto_micro_batch(64) == 16
+    assert auto_micro_batch(32) == 16
+    assert auto_micro_batch(8) == 8
+    assert auto_micro_batch(24) == 12
+    assert auto_micro_batch(7) == 7
+    assert auto_micro_batch(34) == 2  # 34 = 2 x 17: the largest divisor <= 16
+    for n in range(1, 200):
+        m = auto_micro_batch(n)
+        assert 1 <= m <= 16 and n % m == 0
