@@ -86,22 +86,32 @@ def read_rows(path: Path, field: str = "task.path") -> list[dict[str, Any]]:
         field: the config field that named it (error messages name it).
 
     Raises:
-        FileNotFoundError: missing file. ValueError: unsupported suffix, a text file that is not
+        FileNotFoundError: missing file. ValueError: a directory or an unreadable file (permissions,
+            I/O error), unsupported suffix, a text file that is not
             UTF-8, a JSON array that does not parse, a JSONL line that is not valid JSON (the
             message names the file and the 1-based line numbers), or a Parquet file pyarrow
             cannot read.
     """
     if not path.exists():
         raise FileNotFoundError(f"{field}: {path} does not exist; point {field} at a JSONL/Parquet file or folder")
+    if path.is_dir():
+        raise ValueError(f"{field}: {path} is a directory where a data file was expected; point {field} at a "
+                         f".jsonl/.parquet file, or at a folder holding <split>.jsonl/<split>.parquet files")
     if path.suffix == ".parquet":
         from .io import read_rows as read_parquet
         try:
             return read_parquet(path)
         except ValueError as e:
             raise ValueError(f"{field}: {e}; fix the file or point {field} at a valid .parquet/.jsonl file") from None
+        except OSError as e:
+            raise ValueError(f"{field}: cannot read {path} ({e.strerror or type(e).__name__}); "
+                             f"fix its permissions or point {field} at a readable file") from None
     if path.suffix in (".jsonl", ".json"):
         try:
-            text = path.read_text(encoding="utf-8")
+            text = path.read_text(encoding="utf-8-sig")  # -sig: a leading UTF-8 BOM (Windows editors) is dropped
+        except OSError as e:
+            raise ValueError(f"{field}: cannot read {path} ({e.strerror or type(e).__name__}); "
+                             f"fix its permissions or point {field} at a readable file") from None
         except UnicodeDecodeError as e:
             raise ValueError(f"{field}: {path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); "
                              f"the file must be UTF-8 JSONL; re-encode it as UTF-8") from None
@@ -254,6 +264,27 @@ def _check_sizes(cfg) -> None:
         raise ConfigError(f"task.train_size={cfg.train_size}: must be >= 0 (0 = all rows); e.g. task.train_size=0")
 
 
+def _hub_rows(hub_id: str, hub_config: str | None, split: str) -> list[dict]:
+    """Rows of one split of a Hugging Face dataset.
+
+    Raises:
+        ValueError: the hub cannot be reached (no network, offline mode) or has no such dataset;
+            the message names task.hub_id and the fix (a local task.path).
+    """
+    import datasets
+
+    try:
+        return list(datasets.load_dataset(hub_id, hub_config, split=split))
+    except (ConnectionError, OSError, TimeoutError) as e:  # requests' ConnectionError is an OSError
+        if isinstance(e, datasets.exceptions.DatasetNotFoundError):
+            why = "no such dataset on the hub (or it is private)"
+        else:
+            why = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        raise ValueError(f"task.hub_id={hub_id!r}: cannot load split {split!r} from the Hugging Face hub ({why}); "
+                         f"check the network and the id, or set task.hub_id=null and task.path=<a local "
+                         f"JSONL/Parquet file or folder>") from None
+
+
 def load_task(cfg) -> Task:
     """Load a task from its config (``conf/task/*.yaml``, schema ``engine.config.TaskConfig``).
 
@@ -290,8 +321,7 @@ def load_task(cfg) -> Task:
 
     def rows_of(split: str) -> list[dict]:
         if cfg.hub_id:
-            import datasets
-            return list(datasets.load_dataset(cfg.hub_id, cfg.hub_config, split=split))
+            return _hub_rows(cfg.hub_id, cfg.hub_config, split)
         return read_rows(_split_file(root, split))
 
     skipped: dict[str, int] = {}

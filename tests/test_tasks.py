@@ -186,3 +186,48 @@ def test_bench_populations_are_checked():
         assert "positive integers" in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(ValueError, match="bench.max_tokens"):
         check_settings(OmegaConf.create({**base, "max_tokens": 0}))
+
+
+def test_directory_or_unreadable_file_names_task_path(tmp_path, monkeypatch):
+    """A directory where a split file should be (IsADirectoryError) or an unreadable file (PermissionError):
+    one ValueError line naming task.path and the fix, not a traceback (break-it finding)."""
+    (tmp_path / "train.jsonl").mkdir()
+    with pytest.raises(ValueError, match="is a directory") as e:
+        load_task(task_cfg(name="mine", reader="gsm8k", path=str(tmp_path), train_split="train", val_split="train"))
+    assert "task.path" in str(e.value) and "\n" not in str(e.value)
+    f = tmp_path / "data.jsonl"
+    f.write_text('{"question": "1+1?", "answer": "#### 2"}\n')
+    real = type(f).read_text
+
+    def denied(self, *a, **kw):
+        if self == f:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(type(f), "read_text", denied)
+    with pytest.raises(ValueError, match="cannot read .*Permission denied") as e:
+        load_task(task_cfg(name="mine", reader="gsm8k", path=str(f)))
+    assert "task.path" in str(e.value) and "permissions" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_jsonl_with_utf8_bom_is_read(tmp_path):
+    """A JSONL file that starts with a UTF-8 byte-order mark (Windows editors) reads like any other."""
+    f = tmp_path / "all.jsonl"
+    rows = [json.dumps({"question": f"What is {i} + 1?", "answer": f"#### {i + 1}"}) for i in range(6)]
+    f.write_bytes(b"\xef\xbb\xbf" + "\n".join(rows).encode())
+    t = load_task(task_cfg(name="mine", reader="gsm8k", path=str(f), val_size=2))
+    assert len(t.train) + len(t.val) == 6 and not t.skipped
+
+
+def test_hub_without_network_names_task_hub_id(monkeypatch):
+    """task.hub_id with no network (datasets raises ConnectionError after its retries): one line naming
+    task.hub_id and the fix (a local task.path)."""
+    import datasets
+
+    def offline(*a, **kw):
+        raise ConnectionError("Couldn't reach 'openai/gsm8k' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(ValueError, match="task.hub_id='openai/gsm8k'") as e:
+        load_task(task_cfg(name="gsm8k", reader="gsm8k", hub_id="openai/gsm8k", hub_config="main"))
+    assert "task.path" in str(e.value) and "Couldn't reach" in str(e.value) and "\n" not in str(e.value)
