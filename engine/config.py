@@ -8,6 +8,7 @@ field and the fix.
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
@@ -242,12 +243,17 @@ def validate(cfg) -> None:
     if s.population_size < 2:
         raise ConfigError(f"strategy.population_size={s.population_size}: must be >= 2 (ESSA uses 24-96); "
                           f"e.g. strategy.population_size=16")
-    if s.sigma0 <= 0:
-        raise ConfigError(f"strategy.sigma0={s.sigma0}: must be > 0, e.g. strategy.sigma0=0.1")
+    if not (math.isfinite(s.sigma0) and s.sigma0 > 0):
+        raise ConfigError(f"strategy.sigma0={s.sigma0}: must be a finite number > 0, e.g. strategy.sigma0=0.1")
     if cfg.lora.rank < 1 or cfg.lora.rank > VLLM_LORA_RANKS[-1]:
         raise ConfigError(f"lora.rank={cfg.lora.rank}: vLLM serves ranks 1..{VLLM_LORA_RANKS[-1]}; use e.g. lora.rank=8")
+    check_lora(cfg.lora)
     if not 0 < s.genome.alpha <= 1:
         raise ConfigError(f"strategy.genome.alpha={s.genome.alpha}: must be in (0, 1]")
+    if s.genome.kind == "svd_lora" and math.floor(s.genome.alpha * cfg.lora.rank + 1e-9) < 1:  # as SVDLoRAGenome
+        raise ConfigError(f"strategy.genome.alpha={s.genome.alpha} gives floor(alpha * r) = 0 singular values at "
+                          f"rank r={cfg.lora.rank} (lora.rank); use strategy.genome.alpha >= {1 / cfg.lora.rank:.3g} "
+                          f"or a larger lora.rank")
     if s.genome.kind not in ("svd_lora", "lora"):
         raise ConfigError(f"strategy.genome.kind={s.genome.kind!r}: use svd_lora (ESSA) or lora (every LoRA entry)")
     if s.genome.mode not in ("additive", "relative"):
@@ -266,6 +272,18 @@ def validate(cfg) -> None:
         raise ConfigError(f"eval.every={cfg.eval.every} / eval.max_tokens={cfg.eval.max_tokens}: every must be >= 0 "
                           "(0 = only at the start and end), max_tokens >= 1")
     check_sft(cfg.sft)
+    check_reward(cfg.reward)
+    check_context("model.max_model_len", cfg.model.max_model_len,
+                  {"rollout.max_tokens": r.max_tokens, "eval.max_tokens": cfg.eval.max_tokens})
+    e = cfg.engine
+    if not (math.isfinite(e.kv_cache_gib) and e.kv_cache_gib > 0):
+        raise ConfigError(f"engine.kv_cache_gib={e.kv_cache_gib}: must be > 0 GiB (CPU KV cache), e.g. engine.kv_cache_gib=2")
+    if not 0 < e.gpu_memory_utilization <= 1:
+        raise ConfigError(f"engine.gpu_memory_utilization={e.gpu_memory_utilization}: must be in (0, 1] (a fraction "
+                          f"of GPU memory), e.g. engine.gpu_memory_utilization=0.85")
+    if e.max_num_seqs < 1:
+        raise ConfigError(f"engine.max_num_seqs={e.max_num_seqs}: must be >= 1 (sequences per vLLM batch), "
+                          f"e.g. engine.max_num_seqs=256")
     per_batch = s.population_size + int(r.center)  # the centre is one more adapter in the batch
     if cfg.engine.max_loras is not None and cfg.engine.max_loras < per_batch:
         raise ConfigError(f"engine.max_loras={cfg.engine.max_loras} < {per_batch} adapters per generation "
@@ -277,12 +295,40 @@ def validate(cfg) -> None:
         raise ConfigError(f"engine.num_actors={cfg.engine.num_actors}: must be >= 1")
 
 
+def check_lora(lora) -> None:
+    """Raises ConfigError on a LoRA shape the warm start or vLLM would reject (rank is checked by callers)."""
+    if not (math.isfinite(lora.alpha) and lora.alpha > 0):
+        raise ConfigError(f"lora.alpha={lora.alpha}: must be a finite number > 0 (the scale is alpha / r), "
+                          f"e.g. lora.alpha=16")
+    if not list(lora.target_modules or []):
+        raise ConfigError("lora.target_modules is empty: name the projections to adapt, "
+                          "e.g. lora.target_modules=[q_proj,k_proj,v_proj,o_proj]")
+
+
+def check_reward(reward) -> None:
+    """Raises ConfigError unless reward.timeout_s is a finite number of seconds > 0."""
+    if not (math.isfinite(reward.timeout_s) and reward.timeout_s > 0):
+        raise ConfigError(f"reward.timeout_s={reward.timeout_s}: must be > 0 seconds per answer check, "
+                          f"e.g. reward.timeout_s=5")
+
+
+def check_context(field: str, max_model_len: int, budgets: dict[str, int]) -> None:
+    """Raises ConfigError unless ``max_model_len`` >= 1 and exceeds every new-token budget in ``budgets``
+    (field name -> tokens): the prompt needs room too."""
+    if max_model_len < 1:
+        raise ConfigError(f"{field}={max_model_len}: must be >= 1 token (prompt + completion), e.g. {field}=1024")
+    for name, tokens in budgets.items():
+        if tokens >= max_model_len:
+            raise ConfigError(f"{name}={tokens} >= {field}={max_model_len}: the prompt needs room too; "
+                              f"lower {name} or raise {field}")
+
+
 def check_sampling(prefix: str, temperature: float, top_p: float) -> None:
     """Raises ConfigError unless temperature >= 0 (0 = greedy) and 0 < top_p <= 1; ``prefix`` is the
     config group of the two fields ("" for top-level fields)."""
     prefix = f"{prefix}." if prefix else ""
-    if temperature < 0:
-        raise ConfigError(f"{prefix}temperature={temperature}: must be >= 0 (0 = greedy)")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ConfigError(f"{prefix}temperature={temperature}: must be a finite number >= 0 (0 = greedy)")
     if not 0 < top_p <= 1:
         raise ConfigError(f"{prefix}top_p={top_p}: must be in (0, 1] (1 = off)")
 

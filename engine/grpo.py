@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -90,7 +91,7 @@ import torch
 
 from . import io
 from .config import (VLLM_LORA_RANKS, ConfigError, LoRAConfig, ModelConfig, RewardConfig, SFTConfig, TaskConfig,
-                     check_sampling, check_sft)
+                     check_context, check_lora, check_reward, check_sampling, check_sft)
 from .prompts import chat_messages
 from .stats import VALIDATION_PROBLEMS, format_summary, latest_per_problem, summarise_conditions
 
@@ -228,8 +229,11 @@ def validate(cfg) -> None:
         raise ConfigError(f"grpo.eval_every={g.eval_every}: must be >= 0 (0 = only at start and end)")
     if g.time_budget_s is not None and not g.time_budget_s > 0:
         raise ConfigError(f"grpo.time_budget_s={g.time_budget_s}: must be > 0 seconds, or null for no budget")
-    if g.beta < 0:
-        raise ConfigError(f"grpo.beta={g.beta}: must be >= 0 (0 = no KL term)")
+    if not (math.isfinite(g.beta) and g.beta >= 0):
+        raise ConfigError(f"grpo.beta={g.beta}: must be a finite number >= 0 (0 = no KL term)")
+    if not 0 < g.vllm_gpu_memory_utilization <= 1:
+        raise ConfigError(f"grpo.vllm_gpu_memory_utilization={g.vllm_gpu_memory_utilization}: must be in (0, 1] "
+                          f"(the engine's fraction of GPU memory), e.g. grpo.vllm_gpu_memory_utilization=0.3")
     if g.loss_type not in LOSS_TYPES:
         raise ConfigError(f"grpo.loss_type={g.loss_type!r}: use one of {', '.join(LOSS_TYPES)}")
     if g.scale_rewards not in SCALE_REWARDS:
@@ -244,7 +248,14 @@ def validate(cfg) -> None:
     if cfg.lora.rank < 1 or cfg.lora.rank > VLLM_LORA_RANKS[-1]:
         raise ConfigError(f"lora.rank={cfg.lora.rank}: must be in 1..{VLLM_LORA_RANKS[-1]} (the ranks vLLM serves, "
                           f"so ESSA and GRPO adapters compare), e.g. lora.rank=8")
+    check_lora(cfg.lora)
     check_sampling("grpo", g.temperature, g.top_p)
+    if g.temperature == 0:
+        raise ConfigError("grpo.temperature=0: greedy decoding makes the N rollouts of a prompt identical, so every "
+                          "advantage is 0 and nothing trains; use grpo.temperature > 0, e.g. 1.0")
+    check_context("model.max_model_len", cfg.model.max_model_len,
+                  {"grpo.max_completion_length": g.max_completion_length, "grpo.eval_max_tokens": g.eval_max_tokens})
+    check_reward(cfg.reward)
     check_sft(cfg.sft)
 
 

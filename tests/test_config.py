@@ -69,6 +69,23 @@ def test_typos_and_wrong_types_fail_at_compose(override, error):
     ("sft.lr=0", "sft"),
     ("strategy.genome.kind=nope", "strategy.genome.kind"),
     ("strategy.genome.mode=nope", "strategy.genome.mode"),
+    # start-up checks of values that used to reach the warm start or vLLM (break-it findings)
+    ("lora.alpha=0", "lora.alpha"),
+    ("lora.alpha=-16", "lora.alpha"),
+    ("lora.target_modules=[]", "lora.target_modules"),
+    ("rollout.temperature=nan", "rollout.temperature"),
+    ("rollout.temperature=inf", "rollout.temperature"),
+    ("strategy.sigma0=nan", "strategy.sigma0"),
+    ("engine.kv_cache_gib=0", "engine.kv_cache_gib"),
+    ("engine.gpu_memory_utilization=0", "engine.gpu_memory_utilization"),
+    ("engine.gpu_memory_utilization=1.5", "engine.gpu_memory_utilization"),
+    ("engine.max_num_seqs=0", "engine.max_num_seqs"),
+    ("model.max_model_len=0", "model.max_model_len"),
+    ("model.max_model_len=96", "rollout.max_tokens=96 >= model.max_model_len=96"),
+    ("model.max_model_len=64", "rollout.max_tokens"),
+    ("reward.timeout_s=0", "reward.timeout_s"),
+    ("reward.timeout_s=nan", "reward.timeout_s"),
+    ("strategy.genome.alpha=0.1", "strategy.genome.alpha=0.1 gives floor(alpha * r) = 0"),
 ])
 def test_validate_names_the_field(override, field):
     cfg = train_cfg(override)
@@ -76,6 +93,14 @@ def test_validate_names_the_field(override, field):
         validate(cfg)
     msg = str(e.value)
     assert field in msg and "\n" not in msg
+
+
+def test_max_model_len_names_eval_max_tokens():
+    with pytest.raises(ConfigError, match=r"eval\.max_tokens=300 >= model\.max_model_len=256"):
+        validate(train_cfg("model.max_model_len=256", "rollout.max_tokens=32", "eval.max_tokens=300"))
+    validate(train_cfg("+experiment=tiny", "model.max_model_len=512"))  # the suite's pipeline settings still pass
+    validate(train_cfg("strategy.genome.alpha=0.125"))  # floor(0.125 * 8) = 1
+    validate(train_cfg("strategy.genome.alpha=0.1", "strategy.genome.kind=lora"))  # alpha unused by the lora codec
 
 
 def test_resume_key_ignores_generations_but_not_strategy():

@@ -62,6 +62,17 @@ def compose_train():
     ("grpo.generator=hf", "grpo.generator"),
     ("grpo.importance_sampling=sequence", "grpo.importance_sampling"),
     ("grpo.importance_sampling_cap=1", "grpo.importance_sampling_cap"),
+    ("grpo.beta=-1", "grpo.beta"),
+    ("grpo.beta=nan", "grpo.beta"),
+    ("grpo.vllm_gpu_memory_utilization=0", "grpo.vllm_gpu_memory_utilization"),
+    ("grpo.vllm_gpu_memory_utilization=2", "grpo.vllm_gpu_memory_utilization"),
+    ("grpo.temperature=0", "grpo.temperature"),
+    ("grpo.temperature=nan", "grpo.temperature"),
+    ("grpo.max_completion_length=1024", "grpo.max_completion_length"),
+    ("model.max_model_len=64", "grpo.max_completion_length"),
+    ("lora.alpha=0", "lora.alpha"),
+    ("lora.target_modules=[]", "lora.target_modules"),
+    ("reward.timeout_s=0", "reward.timeout_s"),
 ])
 def test_bad_config_names_the_field(override, field):
     from engine.grpo import validate
