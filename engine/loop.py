@@ -287,6 +287,11 @@ def _run_train(cfg, run_dir: str | Path, progress: _Progress) -> dict:
         if not isinstance(state, RunState) or not isinstance(ckpt.get("strategy"), dict):
             raise ValueError(f"resume: {run_dir / CHECKPOINT} is incomplete (no run state or strategy state); "
                              "start afresh without resume")
+        done = state.generation + 1
+        if cfg.generations <= done and (run_dir / "summary.json").exists():
+            # a finished run: resuming would only repeat the final validation and append duplicate rows
+            raise ValueError(f"resume: {run_dir} already finished all {done} generations; raise "
+                             f"generations={2 * done} (any value > {done}) to continue, or start a new run")
     progress.checkpoint_generation = state.generation  # -1 in a new run
     run_dir.mkdir(parents=True, exist_ok=True)
 

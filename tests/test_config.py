@@ -225,3 +225,30 @@ def test_unknown_strategy_names_the_field_and_the_choices(override, start, tmp_p
         msg = str(e.value)
         assert msg.startswith(start) and "\n" not in msg, msg
         assert "built-in cma_es, essa, sep_cma; installed plugins" in msg and "dotted path" in msg
+
+
+def test_resuming_a_finished_run_stops_unless_generations_was_raised(tmp_path, monkeypatch):
+    """Resume of a run whose checkpoint holds its last generation and that wrote summary.json: one line
+    instead of a repeated final validation with duplicate rows; a raised generations= goes on as before."""
+    from engine import io, loop
+    from engine.loop import CHECKPOINT, CHECKPOINT_VERSION, RunState, resume_config, run_train
+    old = train_cfg("generations=2")
+    io.write_pickle(tmp_path / CHECKPOINT, {"version": CHECKPOINT_VERSION, "config_key": config_key(old),
+                                            "config": resume_config(old), "run_state": RunState(generation=1),
+                                            "strategy": {}})
+    io.write_json(tmp_path / "summary.json", {"val": {}})
+    with pytest.raises(ValueError) as e:
+        run_train(train_cfg(f"resume={tmp_path}", "generations=2"), tmp_path)
+    msg = str(e.value)
+    assert msg == (f"resume: {tmp_path} already finished all 2 generations; raise generations=4 (any value > 2) "
+                   f"to continue, or start a new run")
+
+    class PastTheCheck(Exception):
+        pass
+
+    def stop(*a, **kw):
+        raise PastTheCheck
+
+    monkeypatch.setattr(loop, "resolve_model_path", stop)
+    with pytest.raises(PastTheCheck):
+        run_train(train_cfg(f"resume={tmp_path}", "generations=3"), tmp_path)
