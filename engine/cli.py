@@ -94,8 +94,8 @@ def _run(command: str, cfg) -> float | None:
     return None
 
 
-def hydra_error_line(e: BaseException) -> str:
-    """One line for a Hydra composition error: the override, what is wrong, and the fix."""
+def hydra_error_line(e: BaseException, command: str = "train") -> str:
+    """One line for a Hydra composition error of ``essa <command>``: the override, what is wrong, and the fix."""
     from hydra.errors import MissingConfigException
 
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
@@ -110,7 +110,7 @@ def hydra_error_line(e: BaseException) -> str:
                 + f" (conf/{what.rsplit('/', 1)[0]}/)")
     if first.startswith("Could not override"):
         key = first.split("'")[1] if "'" in first else first
-        return f"{key}: no such field; check the spelling (`essa <command> --cfg job` prints every field)"
+        return f"{key}: no such field; check the spelling (`essa {command} --cfg job` prints every field)"
     if first.startswith("Error merging override") and e.__cause__ is not None:
         cause = str(e.__cause__).strip().splitlines()[0]
         return f"{first.split('override', 1)[1].strip()}: {cause}"
@@ -199,7 +199,7 @@ def _precheck(command: str, argv: list[str]) -> None:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name=HYDRA_COMMANDS[command], overrides=argv)
     except (HydraException, OmegaConfBaseException) as e:
-        _fail(ValueError(group_override_error(command, argv) or hydra_error_line(e)))
+        _fail(ValueError(group_override_error(command, argv) or hydra_error_line(e, command)))
     extra = unknown_keys(cfg, command)
     if extra or not config_groups(command):  # a command without groups composes any '+group=...' silently
         line = group_override_error(command, argv)

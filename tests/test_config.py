@@ -177,6 +177,18 @@ def test_cli_composition_errors_are_one_line(argv, expect, capsys):
     assert len(err) == 1 and err[0].startswith("essa: error:") and expect in err[0], err
 
 
+@pytest.mark.parametrize("command", ["train", "grpo", "eval"])
+def test_unknown_field_names_the_actual_command(command, capsys):
+    """The --cfg hint of a misspelt field names the command that was run, not a literal '<command>'."""
+    from engine.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main([command, "task.pathh=x"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert f"`essa {command} --cfg job`" in err and "<command>" not in err and "\n" not in err, err
+
+
 @pytest.mark.parametrize("argv, expect", [
     # a group of another command: named, with the commands that take it and this command's groups
     (["eval", "+experiment=tiny"], "override '+experiment=tiny': config group 'experiment' does not apply to "
