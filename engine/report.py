@@ -594,6 +594,11 @@ def cli(argv: list[str] | None = None) -> None:
                         help="output directory (default: <run dir>/report for one run, "
                              "outputs/reports/<time> for several)")
     args = parser.parse_args(argv)
+    for d in args.run_dirs:
+        if not d.exists():
+            print(f"essa: error: {d} does not exist; pass a run directory written by essa train, essa grpo or "
+                  f"essa eval (outputs/...) or a sweep directory (multirun/<time>)", file=sys.stderr)
+            sys.exit(2)
     if len(args.run_dirs) == 1 and is_sweep_dir(args.run_dirs[0]):  # essa report multirun/<time>
         try:
             jobs = load_sweep(args.run_dirs[0])

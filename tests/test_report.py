@@ -122,7 +122,20 @@ def test_cli_default_out_and_bad_path(tmp_path, capsys):
         cli([str(run), str(tmp_path / "nope")])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("essa: error:") and "is not a run directory" in err and "\n" not in err
+    assert err.startswith("essa: error:") and f"{tmp_path / 'nope'} does not exist" in err and "\n" not in err
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit) as e:
+        cli([str(tmp_path / "empty")])
+    assert e.value.code == 2 and "is not a run directory" in capsys.readouterr().err
+
+
+def test_cli_nonexistent_path_says_so(capsys):
+    """essa report /nonexistent: the path does not exist (was: 'is not a run directory (no run.json ...)')."""
+    with pytest.raises(SystemExit) as e:
+        cli(["/nonexistent"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("essa: error: /nonexistent does not exist;") and "\n" not in err, err
 
 
 def test_essa_report_command(tmp_path):
