@@ -238,6 +238,49 @@ def adapter_rank(path: Path) -> int:
     return max([r, *(conf.get("rank_pattern") or {}).values()])
 
 
+def check_adapter_weights(path: Path) -> None:
+    """Checks an adapter's weights file before the engine starts, reading only the safetensors header.
+
+    Raises:
+        ValueError: one line naming the file (or tensor) and the fix: no ``adapter_model.safetensors``
+            (or only a pickled ``adapter_model.bin``, which vLLM does not load here), a file safetensors
+            cannot open, or a ``lora_A``/``lora_B`` tensor whose rank disagrees with the config's ``r``
+            (or its ``rank_pattern`` values).
+    """
+    path = Path(path)
+    weights = path / "adapter_model.safetensors"
+    if not weights.is_file():
+        if (path / "adapter_model.bin").is_file():
+            raise ValueError(f"adapters: {path} has only adapter_model.bin (pickle); convert it to safetensors, e.g. "
+                             f"load it with peft and call save_pretrained(dir, safe_serialization=True)")
+        raise ValueError(f"adapters: {path} has no adapter_model.safetensors (the LoRA weights); re-export the "
+                         f"adapter with peft's save_pretrained or point adapters at a complete adapter directory")
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(weights), framework="numpy") as f:
+            shapes = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as e:  # noqa: BLE001 - SafetensorError, OSError (permissions), header errors
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        raise ValueError(f"adapters: {weights} is not a readable safetensors file ({why}); re-export the adapter "
+                         f"or fix the file's permissions") from None
+    conf = io.read_json(path / "adapter_config.json")
+    ranks = {conf["r"], *(conf.get("rank_pattern") or {}).values()}
+    for name, shape in shapes.items():
+        if ".lora_A" in name and len(shape) == 2:
+            rank = shape[0]
+        elif ".lora_B" in name and len(shape) == 2:
+            rank = shape[1]
+        else:
+            continue
+        if rank not in ranks:
+            want = f"r={conf['r']}" + (f" or a rank_pattern value {sorted(ranks - {conf['r']})}"
+                                       if len(ranks) > 1 else "")
+            raise ValueError(f"adapters: {weights} tensor {name} has shape {shape}, rank {rank}, but "
+                             f"{path / 'adapter_config.json'} says {want}; re-export the adapter so config and "
+                             f"weights agree")
+
+
 # --- validation and data -----------------------------------------------------------------------
 
 def validate_eval(cfg) -> list[int]:
@@ -510,6 +553,8 @@ def run_eval(cfg, out_dir: str | Path, backend=None, reward_fn=None, flexible_fn
     model_path = None
     own = backend is None
     if own:
+        for p in adapter_paths:  # vLLM would fail on these only after the engine started
+            check_adapter_weights(p)
         from .model import resolve_model_path
         model_path = resolve_model_path(cfg.model.path, cfg.model.quantization)  # quantized copy when set
         backend = build_backend(cfg, model_path, len(adapter_paths), rank)

@@ -294,6 +294,7 @@ def test_eval_engine_rank_covers_rank_pattern(tmp_path):
     adapter = tmp_path / "third_party"
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 16, "target_modules": ["q_proj"], "rank_pattern": {"q_proj": 64}}))
+    _write_weights(adapter, 64)
     built = {}
 
     def fake_build_backend(cfg, model_path, n_adapters, rank):
@@ -309,6 +310,55 @@ def test_eval_engine_rank_covers_rank_pattern(tmp_path):
     assert built["rank"] == 64
     with pytest.raises(ConfigError, match="lora_rank=16 is below the largest adapter rank 64"):
         run_eval(compose_eval(["task.val_size=2", f"adapters=[{adapter}]", "lora_rank=16"]), tmp_path / "out")
+
+
+def _write_weights(adapter, rank_a, rank_b=None):
+    """A minimal adapter_model.safetensors: one q_proj LoRA pair of ranks ``rank_a`` (A) and ``rank_b`` (B)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    pre = "base_model.model.model.layers.0.self_attn.q_proj"
+    save_file({f"{pre}.lora_A.weight": np.zeros((rank_a, 16), np.float32),
+               f"{pre}.lora_B.weight": np.zeros((16, rank_b or rank_a), np.float32)},
+              str(adapter / "adapter_model.safetensors"))
+
+
+def test_eval_refuses_bad_adapter_weights_before_the_engine(tmp_path):
+    """essa eval: no adapter_model.safetensors (or only adapter_model.bin), an unreadable one, or a lora_A/lora_B
+    rank that disagrees with adapter_config.json's r: one line before the engine starts (break-it finding)."""
+    import engine.evaluate as ev
+
+    adapter = tmp_path / "ad"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]}))
+
+    def fake_build_backend(*a, **kw):
+        raise RuntimeError("stop before starting an engine")
+
+    def check(msg):
+        cfg = compose_eval(["task.val_size=2", f"adapters=[{adapter}]"])
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(ev, "build_backend", fake_build_backend)
+            mp.setattr("engine.model.resolve_model_path", lambda path, *args, **kwargs: str(path))
+            if msg is None:
+                with pytest.raises(RuntimeError, match="stop before"):
+                    run_eval(cfg, tmp_path / "out")
+                return
+            with pytest.raises(ValueError, match=msg) as e:
+                run_eval(cfg, tmp_path / "out")
+        assert str(e.value).startswith("adapters:") and "\n" not in str(e.value)
+
+    check("no adapter_model.safetensors")
+    (adapter / "adapter_model.bin").write_bytes(b"pickle")
+    check("only adapter_model.bin .*convert it to safetensors")
+    (adapter / "adapter_model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00garbage!garbage!")
+    check("is not a readable safetensors file")
+    _write_weights(adapter, 8, 4)
+    check(r"tensor base_model\.model\.model\.layers\.0\.self_attn\.q_proj\.lora_B\.weight has shape \[16, 4\], rank 4.*r=8")
+    _write_weights(adapter, 16)
+    check(r"lora_A\.weight has shape \[16, 16\], rank 16")
+    _write_weights(adapter, 8)
+    check(None)  # consistent: on to the engine
 
 
 def test_adapter_checks_agree_with_vllm(tmp_path):
