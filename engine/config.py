@@ -244,7 +244,7 @@ def validate(cfg) -> None:
         raise ConfigError(f"strategy.population_size={s.population_size}: must be >= 2 (ESSA uses 24-96); "
                           f"e.g. strategy.population_size=16")
     if not (math.isfinite(s.sigma0) and s.sigma0 > 0):
-        raise ConfigError(f"strategy.sigma0={s.sigma0}: must be a finite number > 0, e.g. strategy.sigma0=0.1")
+        raise ConfigError(f"strategy.sigma0={s.sigma0}: must be > 0 (and finite), e.g. strategy.sigma0=0.1")
     if cfg.lora.rank < 1 or cfg.lora.rank > VLLM_LORA_RANKS[-1]:
         raise ConfigError(f"lora.rank={cfg.lora.rank}: vLLM serves ranks 1..{VLLM_LORA_RANKS[-1]}; use e.g. lora.rank=8")
     check_lora(cfg.lora)
