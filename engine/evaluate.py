@@ -103,6 +103,9 @@ class EvalCommandConfig:
     label: Optional[str] = None
 
 
+# The adapters a run directory exports: essa train (mean genome, best candidate), essa grpo (final policy).
+RUN_ADAPTERS = ("mean", "best", "final")
+
 def register_eval_config() -> None:
     """Register ``eval_schema`` (the defaults-list head of conf/eval.yaml) with Hydra's ConfigStore."""
     ConfigStore.instance().store(name="eval_schema", node=EvalCommandConfig)
@@ -128,7 +131,7 @@ def _is_adapter_dir(p: Path) -> bool:
 def resolve_conditions(spec, include_base: bool = True) -> dict[str, Path | None]:
     """Condition name -> adapter directory (None = base model), in evaluation order.
 
-    Names: ``no_adapter`` for the base model; ``mean``/``best`` for a run directory's exports
+    Names: ``no_adapter`` for the base model; ``mean``/``best`` (essa train) or ``final`` (essa grpo) for a run directory's exports
     (prefixed ``<run dir name>/`` when several sources are given); the directory name otherwise.
 
     Raises:
@@ -149,9 +152,10 @@ def resolve_conditions(spec, include_base: bool = True) -> dict[str, Path | None
         if _is_adapter_dir(p):
             add(p.name, p.resolve())
         elif (p / "adapters").is_dir():
-            found = [p / "adapters" / k for k in ("mean", "best") if _is_adapter_dir(p / "adapters" / k)]
+            found = [p / "adapters" / k for k in RUN_ADAPTERS if _is_adapter_dir(p / "adapters" / k)]
             if not found:
-                raise FileNotFoundError(f"adapters: run dir {p} has no adapters/mean or adapters/best "
+                raise FileNotFoundError(f"adapters: run dir {p} has no adapters/mean, adapters/best (essa train) "
+                                        f"or adapters/final (essa grpo) "
                                         f"(did the run finish?); pass an adapter directory instead")
             for a in found:
                 add(a.name if len(entries) == 1 else f"{p.name}/{a.name}", a.resolve())

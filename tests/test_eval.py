@@ -384,3 +384,11 @@ def test_adapter_checks_agree_with_vllm(tmp_path):
         except ValueError as e:
             theirs = str(e)
         assert (ours is None) == (theirs is None), (extra, ours, theirs)
+
+
+def test_a_grpo_run_directory_resolves_to_its_final_adapter(tmp_path):
+    # essa grpo exports adapters/final; `essa eval adapters=[<grpo run dir>]` must find it (new-user finding)
+    run = tmp_path / "grpo_run"
+    (run / "adapters" / "final").mkdir(parents=True)
+    (run / "adapters" / "final" / "adapter_config.json").write_text("{}")
+    assert list(resolve_conditions(str(run))) == ["no_adapter", "final"]
