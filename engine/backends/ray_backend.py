@@ -11,9 +11,10 @@ worker serves its own candidates and only tiny messages cross the network. Here:
   the adapters on its own node and serves the shard as ONE multi-LoRA batch;
 * shards are contiguous and balanced (sizes differ by at most one candidate); shard k of a
   generation uses sampling seed ``seed + first_candidate_k x N``, the seed its requests get in the
-  local engine's single batch, so results equal the local engine's for the same seed (exactly for
-  greedy decoding with batch-invariant LoRA kernels, checked by tests/test_ray_backend.py; see
-  docs/DISTRIBUTED.md on which kernels are);
+  local engine's single batch. Greedy results equal those of an engine with the actors' setup
+  (in-process engine core, ``cpus_per_actor`` cores) serving the same shards, checked by
+  tests/test_ray_backend.py; a local run (one batch, every core) can differ in a few near-tie greedy
+  tokens on CPU, since bf16 GEMM results depend on the batch and the thread count (docs/DISTRIBUTED.md);
 * faults: when an actor dies mid-generation (killed, out of memory) its shard goes back to the
   queue and runs on the first actor that is free: a surviving one, or the dead one once Ray has
   restarted it (``max_restarts = engine.max_actor_restarts``). Finished shards are kept; the log
@@ -105,6 +106,41 @@ def cpu_bind(slot: int, cores_per_actor: int, n_cores: int) -> str:
     return str(lo) if c == 1 else f"{lo}-{lo + c - 1}"
 
 
+def bind_cores(bind: str) -> list[int]:
+    """The cores of a :func:`cpu_bind` value: ``"3"`` -> [3], ``"4-7"`` -> [4, 5, 6, 7]."""
+    lo, _, hi = bind.partition("-")
+    return list(range(int(lo), int(hi or lo) + 1))
+
+
+def pin_to_cores(cores: Sequence[int]) -> int:
+    """Compute on ``cores`` only, with one torch/OpenMP thread per core; returns the thread count.
+
+    Needed for an engine core inside this process (an actor's, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``):
+    vLLM 0.32 applies ``VLLM_CPU_OMP_THREADS_BIND`` only to the worker processes of its multi-process
+    executor, so such an engine computed with the threads the process already had, torch's default
+    (every core) or Ray's ``OMP_NUM_THREADS`` (``floor(num_cpus)``, unless the driver's environment
+    set it), on whichever cores the kernel chose. The thread count changes the bf16 GEMM results and
+    so greedy near-ties: an actor's completions depended on how the driver was started.
+
+    Sets ``OMP_NUM_THREADS`` (for OpenMP runtimes started later), ``torch.set_num_threads`` and the
+    CPU affinity of every thread the process has (threads started later inherit it). Linux only for
+    the affinity; elsewhere only the thread count is set.
+    """
+    import torch
+
+    n = len(cores)
+    os.environ["OMP_NUM_THREADS"] = str(n)
+    torch.set_num_threads(n)
+    if hasattr(os, "sched_setaffinity"):
+        tids = [int(t) for t in os.listdir("/proc/self/task")] if os.path.isdir("/proc/self/task") else [0]
+        for tid in tids:
+            try:
+                os.sched_setaffinity(tid, set(cores))
+            except OSError:  # a thread that just exited, or a core outside this process's cpuset
+                pass
+    return n
+
+
 def claim_cpu_slot(max_slots: int = 1024):
     """Claim the lowest free CPU slot on this node: an ``flock`` on ``SLOT_DIR/slot-<i>.lock`` held
     for the life of the process (the kernel drops it when the process dies, so a restarted actor
@@ -185,7 +221,8 @@ class EvaluatorActor:
         engine_kwargs: ``VLLMBackend`` keyword arguments (:func:`backend_kwargs`).
         adapter_root: parent of this actor's adapter directory (None = /dev/shm or temp).
         run_token: unique per driver; names this actor's adapter directory.
-        cpu_cores: cores per actor on the CPU back-end (VLLM_CPU_OMP_THREADS_BIND from a claimed slot).
+        cpu_cores: cores per actor on the CPU back-end: a claimed slot's cores, one thread each
+            (:func:`pin_to_cores`; ``VLLM_CPU_OMP_THREADS_BIND`` for vLLM's worker processes).
         fault: TEST ONLY ``(actor, generation, marker path)``, see ``TEST_FAULT_ENV``.
 
     The constructor re-runs on every Ray restart, so a restarted actor rebuilds the engine and
@@ -199,14 +236,16 @@ class EvaluatorActor:
         self.index, self.fault = index, fault
         from .vllm_local import VLLMBackend, is_cpu_platform
 
-        self.cpu_slot, self._slot_fd, self.cpu_bind = None, None, None
+        self.cpu_slot, self._slot_fd, self.cpu_bind, self.threads = None, None, None, None
         tp = int((engine_kwargs.get("extra") or {}).get("tensor_parallel_size", 1))
         if is_cpu_platform():
             # our own cores, not the node-wide 0-(n-1) default of configure_cpu_env (setdefault: ours win)
             self.cpu_slot, self._slot_fd = claim_cpu_slot()
             self.cpu_bind = cpu_bind(self.cpu_slot, cpu_cores, os.cpu_count() or 1)
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_bind
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_bind  # vLLM's worker processes (tp > 1)
             os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+            if tp == 1:  # the engine core computes in this process: bind it here (pin_to_cores)
+                self.threads = pin_to_cores(bind_cores(self.cpu_bind))
         if tp == 1:
             # engine core inside the actor process: a killed actor leaves no orphan engine behind
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -225,9 +264,9 @@ class EvaluatorActor:
         self.startup_s = time.perf_counter() - t0
 
     def info(self) -> dict:
-        """Where this actor runs: index, pid, node, CPU binding, engine start-up seconds."""
+        """Where this actor runs: index, pid, node, CPU binding and compute threads, engine start-up seconds."""
         return {"index": self.index, "pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(),
-                "cpu_bind": self.cpu_bind, "startup_s": self.startup_s}
+                "cpu_bind": self.cpu_bind, "threads": self.threads, "startup_s": self.startup_s}
 
     def pid(self) -> int:
         """The actor's process id (tests kill it)."""
@@ -419,8 +458,8 @@ class RayPopulationEvaluator:
             self.close()
             raise RuntimeError(f"a Ray actor failed to start its vLLM engine: {exc}") from exc
         for i in infos:
-            log.info("Ray actor %d: pid %d, node %s, cpu bind %s, engine up in %.1fs", i["index"], i["pid"],
-                     i["node"][:12], i["cpu_bind"], i["startup_s"])
+            log.info("Ray actor %d: pid %d, node %s, cpu bind %s (%s threads), engine up in %.1fs", i["index"],
+                     i["pid"], i["node"][:12], i["cpu_bind"], i["threads"], i["startup_s"])
         log.info("%d Ray actors ready in %.1fs (%s GPUs each)", self.num_actors, time.perf_counter() - t0, gpus)
         self.shard_retries = 0
 
