@@ -248,7 +248,17 @@ def run_train(cfg, run_dir: str | Path) -> dict:
 
 
 def _report_interrupt(progress: _Progress, exc: BaseException) -> None:
-    """The interrupted run's one line on stderr (resume hint, or nothing to resume); closes the evaluator."""
+    """Close the evaluator and its engine, then print the interrupted run's one line on stderr (resume
+    hint, or nothing to resume): last, after whatever vLLM's engine processes print as they stop."""
+    ev = progress.evaluator
+    if ev is not None:
+        for close in (getattr(getattr(ev, "backend", None), "close", None), ev.close):
+            if close is None:
+                continue
+            try:
+                close()
+            except BaseException as e:  # noqa: BLE001 - a dead engine, or a second Ctrl-C: we are exiting anyway
+                log.warning("closing the evaluator after the interrupt failed: %s: %s", type(e).__name__, e)
     after = "" if isinstance(exc, KeyboardInterrupt) else f" ({type(exc).__name__} after Ctrl-C)"
     if progress.run_dir is None:
         print(f"\ninterrupted{after} before the run started", file=sys.stderr)
@@ -259,11 +269,6 @@ def _report_interrupt(progress: _Progress, exc: BaseException) -> None:
     else:
         print(f"\ninterrupted{after} before the first generation finished: nothing to resume (no checkpoint in "
               f"{progress.run_dir}); start the run again (a finished SFT warm start is cached)", file=sys.stderr)
-    if progress.evaluator is not None:
-        try:
-            progress.evaluator.close()
-        except BaseException as e:  # noqa: BLE001 - a dead engine, or a second Ctrl-C: we are exiting anyway
-            log.warning("closing the evaluator after the interrupt failed: %s: %s", type(e).__name__, e)
 
 
 def _run_train(cfg, run_dir: str | Path, progress: _Progress) -> dict:
