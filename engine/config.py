@@ -245,12 +245,12 @@ def validate(cfg) -> None:
                           f"e.g. strategy.population_size=16")
     if not (math.isfinite(s.sigma0) and s.sigma0 > 0):
         raise ConfigError(f"strategy.sigma0={s.sigma0}: must be > 0 (and finite), e.g. strategy.sigma0=0.1")
-    if cfg.lora.rank < 1 or cfg.lora.rank > VLLM_LORA_RANKS[-1]:
-        raise ConfigError(f"lora.rank={cfg.lora.rank}: vLLM serves ranks 1..{VLLM_LORA_RANKS[-1]}; use e.g. lora.rank=8")
     check_lora(cfg.lora)
     if not 0 < s.genome.alpha <= 1:
         raise ConfigError(f"strategy.genome.alpha={s.genome.alpha}: must be in (0, 1]")
-    if s.genome.kind == "svd_lora" and math.floor(s.genome.alpha * cfg.lora.rank + 1e-9) < 1:  # as SVDLoRAGenome
+    from strategies.genomes import searched_singular_values
+
+    if s.genome.kind == "svd_lora" and searched_singular_values(s.genome.alpha, cfg.lora.rank) < 1:
         raise ConfigError(f"strategy.genome.alpha={s.genome.alpha} gives floor(alpha * r) = 0 singular values at "
                           f"rank r={cfg.lora.rank} (lora.rank); use strategy.genome.alpha >= {1 / cfg.lora.rank:.3g} "
                           f"or a larger lora.rank")
@@ -296,7 +296,11 @@ def validate(cfg) -> None:
 
 
 def check_lora(lora) -> None:
-    """Raises ConfigError on a LoRA shape the warm start or vLLM would reject (rank is checked by callers)."""
+    """Raises ConfigError on a LoRA shape the warm start or vLLM would reject: a rank vLLM does not
+    serve, alpha not a finite number > 0, or no target modules."""
+    if lora.rank < 1 or lora.rank > VLLM_LORA_RANKS[-1]:
+        raise ConfigError(f"lora.rank={lora.rank}: must be in 1..{VLLM_LORA_RANKS[-1]} (the ranks vLLM serves), "
+                          f"e.g. lora.rank=8")
     if not (math.isfinite(lora.alpha) and lora.alpha > 0):
         raise ConfigError(f"lora.alpha={lora.alpha}: must be a finite number > 0 (the scale is alpha / r), "
                           f"e.g. lora.alpha=16")

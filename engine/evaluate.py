@@ -106,6 +106,7 @@ class EvalCommandConfig:
 # The adapters a run directory exports: essa train (mean genome, best candidate), essa grpo (final policy).
 RUN_ADAPTERS = ("mean", "best", "final")
 
+
 def register_eval_config() -> None:
     """Register ``eval_schema`` (the defaults-list head of conf/eval.yaml) with Hydra's ConfigStore."""
     ConfigStore.instance().store(name="eval_schema", node=EvalCommandConfig)
@@ -131,8 +132,8 @@ def _is_adapter_dir(p: Path) -> bool:
 def resolve_conditions(spec, include_base: bool = True) -> dict[str, Path | None]:
     """Condition name -> adapter directory (None = base model), in evaluation order.
 
-    Names: ``no_adapter`` for the base model; ``mean``/``best`` (essa train) or ``final`` (essa grpo) for a run directory's exports
-    (prefixed ``<run dir name>/`` when several sources are given); the directory name otherwise.
+    Names: ``no_adapter`` for the base model; ``mean``/``best`` (essa train) or ``final`` (essa grpo)
+    for a run directory's exports    (prefixed ``<run dir name>/`` when several sources are given); the directory name otherwise.
 
     Raises:
         FileNotFoundError: a path that is neither a PEFT adapter nor a run dir with adapters/.
@@ -229,9 +230,6 @@ def adapter_rank(path: Path) -> int:
     if missing:  # vLLM's PEFTHelper requires both; without this check the engine dies after start-up
         raise ValueError(f"adapters: {f} has no {' or '.join(missing)}; re-export the adapter with peft or add "
                          f"them, e.g. \"lora_alpha\": 16, \"target_modules\": [\"q_proj\", \"v_proj\"]")
-    weights = Path(path) / "adapter_model.safetensors"
-    if weights.exists() and weights.stat().st_size == 0:
-        raise ValueError(f"adapters: {weights} is empty; re-export the adapter")
     targets = conf.get("target_modules")
     if isinstance(targets, str):
         try:
@@ -247,8 +245,8 @@ def check_adapter_weights(path: Path) -> None:
 
     Raises:
         ValueError: one line naming the file (or tensor) and the fix: no ``adapter_model.safetensors``
-            (or only a pickled ``adapter_model.bin``, which vLLM does not load here), a file safetensors
-            cannot open, or a ``lora_A``/``lora_B`` tensor whose rank disagrees with the config's ``r``
+            (or only a pickled ``adapter_model.bin``, which vLLM does not load here), an empty file, a
+            file safetensors cannot open, or a ``lora_A``/``lora_B`` tensor whose rank disagrees with the config's ``r``
             (or its ``rank_pattern`` values).
     """
     path = Path(path)
@@ -259,6 +257,8 @@ def check_adapter_weights(path: Path) -> None:
                              f"load it with peft and call save_pretrained(dir, safe_serialization=True)")
         raise ValueError(f"adapters: {path} has no adapter_model.safetensors (the LoRA weights); re-export the "
                          f"adapter with peft's save_pretrained or point adapters at a complete adapter directory")
+    if weights.stat().st_size == 0:
+        raise ValueError(f"adapters: {weights} is empty; re-export the adapter")
     from safetensors import safe_open
 
     try:

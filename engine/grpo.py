@@ -90,7 +90,7 @@ import numpy as np
 import torch
 
 from . import io
-from .config import (VLLM_LORA_RANKS, ConfigError, LoRAConfig, ModelConfig, RewardConfig, SFTConfig, TaskConfig,
+from .config import (ConfigError, LoRAConfig, ModelConfig, RewardConfig, SFTConfig, TaskConfig,
                      check_context, check_lora, check_reward, check_sampling, check_sft)
 from .prompts import chat_messages
 from .stats import VALIDATION_PROBLEMS, format_summary, latest_per_problem, summarise_conditions
@@ -188,7 +188,6 @@ def register() -> None:
     ConfigStore.instance().store(name="grpo_schema", node=GRPORunConfig)
 
 
-
 MAX_AUTO_MICRO_BATCH = 16
 
 
@@ -201,6 +200,7 @@ def auto_micro_batch(rollouts: int, cap: int = MAX_AUTO_MICRO_BATCH) -> int:
     killed for memory on a 24 GB machine. Gradient accumulation keeps the optimiser step the same.
     """
     return max(d for d in range(1, min(rollouts, cap) + 1) if rollouts % d == 0)
+
 
 def validate(cfg) -> None:
     """Cross-field checks of a composed :class:`GRPORunConfig`.
@@ -245,9 +245,6 @@ def validate(cfg) -> None:
                           f"{', '.join(IMPORTANCE_SAMPLING)}")
     if not g.importance_sampling_cap > 1:
         raise ConfigError(f"grpo.importance_sampling_cap={g.importance_sampling_cap}: must be > 1, e.g. 2.0")
-    if cfg.lora.rank < 1 or cfg.lora.rank > VLLM_LORA_RANKS[-1]:
-        raise ConfigError(f"lora.rank={cfg.lora.rank}: must be in 1..{VLLM_LORA_RANKS[-1]} (the ranks vLLM serves, "
-                          f"so ESSA and GRPO adapters compare), e.g. lora.rank=8")
     check_lora(cfg.lora)
     check_sampling("grpo", g.temperature, g.top_p)
     if g.temperature == 0:

@@ -28,6 +28,7 @@ from .backends import AdapterRef, Sampling, lora_int_id
 from .config import ConfigError, validate
 from .hardware import dtype_record, resolve_dtype
 from .model import resolve_model_path, serving_model_path
+from .plugins import strategy_class
 from .population import AdapterMeta, PopulationEvaluator, question_z_fitness
 from .sft import warm_start
 from .stats import VALIDATION_PROBLEMS
@@ -52,9 +53,10 @@ def minibatch(train: list[Problem], n: int, seed: int, generation: int) -> list[
 
 
 def resume_config(cfg) -> dict:
-    """The config fields a checkpoint depends on (RESUME_KEYS), resolved to plain Python values."""
+    """The config fields a checkpoint depends on (RESUME_KEYS), resolved to plain Python values
+    (those ``cfg`` has: an old run's saved .hydra/config.yaml may lack some)."""
     return {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
-            for k in RESUME_KEYS}
+            for k in RESUME_KEYS if k in cfg}
 
 
 def config_key(cfg) -> str:
@@ -85,9 +87,7 @@ def _resume_mismatch(ckpt: dict, cfg, run_dir: Path) -> str:
     old = ckpt.get("config")
     if not isinstance(old, dict):  # checkpoints written before the config was stored: Hydra's copy
         try:
-            saved = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
-            old = {k: OmegaConf.to_container(saved[k], resolve=True) if OmegaConf.is_config(saved[k]) else saved[k]
-                   for k in RESUME_KEYS if k in saved}
+            old = resume_config(OmegaConf.load(run_dir / ".hydra" / "config.yaml"))
         except Exception:  # noqa: BLE001 - no or unreadable copy: fall back to the generic message
             old = None
     diff = config_diff(old, resume_config(cfg)) if old else []
@@ -273,7 +273,6 @@ def _report_interrupt(progress: _Progress, exc: BaseException) -> None:
 
 def _run_train(cfg, run_dir: str | Path, progress: _Progress) -> dict:
     """:func:`run_train`'s body; records in ``progress`` what an interrupt message needs."""
-    from strategies import get_strategy
     from strategies.genomes import make_genome
 
     validate(cfg)
@@ -300,8 +299,7 @@ def _run_train(cfg, run_dir: str | Path, progress: _Progress) -> dict:
     progress.checkpoint_generation = state.generation  # -1 in a new run
     run_dir.mkdir(parents=True, exist_ok=True)
 
-    strategy_cls = get_strategy(cfg.strategy._target_ or cfg.strategy.name,  # fail fast, before SFT
-                                "strategy._target_" if cfg.strategy._target_ else "strategy.name")
+    strategy_cls = strategy_class(cfg.strategy)  # fail fast, before SFT
     check_strategy_options(strategy_cls, cfg)
     model_path = resolve_model_path(cfg.model.path)
     dtype, dtype_reason = resolve_dtype(cfg.model.dtype)  # vLLM's; logs one line

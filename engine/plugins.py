@@ -94,6 +94,15 @@ def _rejected_keys(cls, options: dict) -> list[str]:
     return [k for k in options if k not in params] or list(options)
 
 
+def strategy_class(s):
+    """The Strategy class the ``strategy`` config names: ``strategy._target_`` when set, else
+    ``strategy.name``; a name that resolves to nothing raises ValueError naming that field
+    (``strategies.get_strategy``)."""
+    from strategies import get_strategy
+
+    return get_strategy(s._target_ or s.name, "strategy._target_" if s._target_ else "strategy.name")
+
+
 def check_strategy_choice(cfg, choice: str | None) -> None:
     """Catch a strategy picked by ``strategy.name=`` / ``strategy._target_=`` on top of another
     group option whose ``strategy.options`` the picked class rejects (Hydra merges the override
@@ -109,14 +118,12 @@ def check_strategy_choice(cfg, choice: str | None) -> None:
             plugin has a group option, else ``~strategy.options.<key>`` for each leftover key.
         ValueError: the strategy name / target resolves to nothing (from ``get_strategy``).
     """
-    from strategies import get_strategy
-
     s = cfg.strategy
     selected = s._target_ or s.name
     options = OmegaConf.to_container(s.options, resolve=True) or {}
     if choice is None or not options or (not s._target_ and s.name == choice):
         return
-    cls = get_strategy(selected, "strategy._target_" if s._target_ else "strategy.name")
+    cls = strategy_class(s)
     try:
         cls(dim=2, x0=None, seed=cfg.seed, population_size=s.population_size, sigma0=s.sigma0, **options)
         return  # the picked class takes the left-over options

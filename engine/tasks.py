@@ -78,6 +78,12 @@ def _resolve_path(path: str) -> Path:
     return default_data_root() / p
 
 
+def _unreadable(field: str, path: Path, e: OSError) -> ValueError:
+    """The one-line error for a data file that exists but cannot be read (permissions, I/O error)."""
+    return ValueError(f"{field}: cannot read {path} ({e.strerror or type(e).__name__}); "
+                      f"fix its permissions or point {field} at a readable file")
+
+
 def read_rows(path: Path, field: str = "task.path") -> list[dict[str, Any]]:
     """Rows of a JSONL, JSON-array or Parquet file.
 
@@ -104,14 +110,12 @@ def read_rows(path: Path, field: str = "task.path") -> list[dict[str, Any]]:
         except ValueError as e:
             raise ValueError(f"{field}: {e}; fix the file or point {field} at a valid .parquet/.jsonl file") from None
         except OSError as e:
-            raise ValueError(f"{field}: cannot read {path} ({e.strerror or type(e).__name__}); "
-                             f"fix its permissions or point {field} at a readable file") from None
+            raise _unreadable(field, path, e) from None
     if path.suffix in (".jsonl", ".json"):
         try:
             text = path.read_text(encoding="utf-8-sig")  # -sig: a leading UTF-8 BOM (Windows editors) is dropped
         except OSError as e:
-            raise ValueError(f"{field}: cannot read {path} ({e.strerror or type(e).__name__}); "
-                             f"fix its permissions or point {field} at a readable file") from None
+            raise _unreadable(field, path, e) from None
         except UnicodeDecodeError as e:
             raise ValueError(f"{field}: {path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); "
                              f"the file must be UTF-8 JSONL; re-encode it as UTF-8") from None

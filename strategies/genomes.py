@@ -166,6 +166,12 @@ class GenomeCodec(abc.ABC):
             )
 
 
+def searched_singular_values(alpha: float, rank: int) -> int:
+    """k = floor(alpha r): the singular values searched per LoRA factor (ESSA §3.2); 0 means alpha
+    is too small for the rank. The epsilon absorbs float error (0.29 * 100 = 28.999...)."""
+    return math.floor(alpha * rank + 1e-9)
+
+
 class SVDLoRAGenome(GenomeCodec):
     """ESSA's genome: offsets of the top singular values of every LoRA factor.
 
@@ -220,7 +226,7 @@ class SVDLoRAGenome(GenomeCodec):
             raise ValueError(f"strategy.genome.mode must be 'additive' or 'relative' (got {mode!r})")
         if not (0 < alpha <= 1):
             raise ValueError(f"strategy.genome.alpha must be in (0, 1] (got {alpha!r})")
-        k = math.floor(alpha * self.rank + 1e-9)  # the epsilon absorbs 0.29 * 100 = 28.999...
+        k = searched_singular_values(alpha, self.rank)
         if k < 1:
             raise ValueError(
                 f"strategy.genome.alpha={alpha} gives floor(alpha * r) = {k} singular values at rank r={self.rank}; "
