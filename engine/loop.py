@@ -207,6 +207,17 @@ def _truncate_logs(run_dir: Path, generation: int) -> None:
             f.unlink()
 
 
+def periodic_validation_due(g: int, cfg, wall_s: float) -> bool:
+    """Whether the held-out validation of the mean genome runs after generation ``g`` (at step g + 1).
+
+    Every ``eval.every`` generations, except after the last one and after a generation that ended
+    past ``time_budget_s`` (``wall_s`` seconds into the run): the final validation covers those.
+    """
+    over = cfg.time_budget_s is not None and wall_s >= cfg.time_budget_s
+    last = g == cfg.generations - 1 or over
+    return bool(not last and cfg.eval.every and (g + 1) % cfg.eval.every == 0)
+
+
 @dataclass
 class _Progress:
     """What an interrupted run reports: its directory, the generation of the checkpoint on disk
@@ -377,6 +388,14 @@ def _run_train(cfg, run_dir: str | Path, progress: _Progress) -> dict:
 
     if ckpt is None and cfg.eval.baselines:
         add_validation(0, validation(evaluator, {"no_adapter": None, "sft": sft_ref}, task.val, cfg))
+    if (ckpt is not None and periodic_validation_due(state.generation, cfg, state.wall_s)
+            and not any(r["step"] == state.generation + 1 for r in vrows)):
+        # the run was interrupted in the validation after its checkpointed generation: redo it first
+        log.info("resume: validation step %d was interrupted; running it again", state.generation + 1)
+        add_validation(state.generation + 1,
+                       validation(evaluator, {"mean": mean_ref(state.generation)}, task.val, cfg))
+        evaluator.release(state.generation)
+        save_checkpoint()
     for g in range(state.generation + 1, cfg.generations):
         t0 = time.perf_counter()
         genomes = strategy.ask()  # (P, D)
@@ -407,9 +426,9 @@ def _run_train(cfg, run_dir: str | Path, progress: _Progress) -> dict:
                  row["tokens"], row["tokens_per_s"], row["t_generate"])
         state.generation = g
         save_checkpoint()  # right after the generation's logs: an interrupted validation loses nothing
-        over = cfg.time_budget_s is not None and time.perf_counter() - t_start >= cfg.time_budget_s
-        last = g == cfg.generations - 1 or over
-        if not last and cfg.eval.every and (g + 1) % cfg.eval.every == 0:
+        # decided on the checkpoint's clock, so a resume can tell whether this validation was due
+        over = cfg.time_budget_s is not None and state.wall_s >= cfg.time_budget_s
+        if periodic_validation_due(g, cfg, state.wall_s):
             add_validation(g + 1, validation(evaluator, {"mean": mean_ref(g)}, task.val, cfg))
             evaluator.release(g)
             save_checkpoint()  # again, so the clock includes the validation

@@ -7,7 +7,9 @@
   as it was (no mid-generation strategy state), prints the resume hint, and raises
   KeyboardInterrupt, also when the interrupt shows up as another exception (vLLM's EngineDeadError
   when the Ctrl-C reached the engine's process too); interrupted in generation 0 it says that
-  there is nothing to resume.
+  there is nothing to resume;
+* a run interrupted in the validation after its checkpointed generation redoes that validation
+  first when resumed.
 """
 from __future__ import annotations
 
@@ -213,3 +215,35 @@ def test_an_error_without_an_interrupt_is_not_an_interrupt(fake_run, capsys, mon
     with pytest.raises(EngineDead):
         run_train(cfg, run_dir)
     assert "interrupted" not in capsys.readouterr().err
+
+
+def test_resume_redoes_the_validation_the_interrupt_cut_short(fake_run, monkeypatch):
+    """Ctrl-C in the validation after generation 0 (checkpoint of generation 0 already written):
+    the resumed run validates step 1 before generation 1, so validation.parquet has every step."""
+    from engine import io
+    from engine.loop import run_train
+
+    build, run_dir = fake_run
+    cfg, made = build(interrupt_at=-1)  # eval.every = 1 (tiny): a validation after every generation
+    score = FakeEvaluator.score
+    calls = []
+
+    def interrupted_once(self, adapters, problems, sampling, timings=None, use_tqdm=True):
+        calls.append([a.name for a in adapters])
+        if len(calls) == 1:  # the validation of step 1
+            _deliver_sigint()
+        return score(self, adapters, problems, sampling, timings, use_tqdm)
+
+    monkeypatch.setattr(FakeEvaluator, "score", interrupted_once)
+    with interrupts.handling():
+        with pytest.raises(KeyboardInterrupt):
+            run_train(cfg, run_dir)
+    assert io.read_pickle(run_dir / "checkpoint.pkl")["run_state"].generation == 0
+    assert not (run_dir / "validation.parquet").exists()
+
+    interrupts.reset()
+    cfg.resume = str(run_dir)
+    run_train(cfg, run_dir)
+    steps = sorted({(r["step"], r["condition"]) for r in io.read_rows(run_dir / "validation.parquet")})
+    assert steps == [(1, "mean"), (2, "mean"), (3, "best"), (3, "mean")]
+    assert calls[1] == ["g0c5"]  # redone first, on the mean genome checkpointed after generation 0 (P = 4)
