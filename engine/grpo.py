@@ -219,6 +219,13 @@ def validate(cfg) -> None:
                           f"num_generations = {rollouts}; or set grpo.micro_batch_size=null")
     if not g.focal_gamma >= 0:
         raise ConfigError(f"grpo.focal_gamma={g.focal_gamma}: must be >= 0 (0 = GRPO; F-GRPO uses 0.5 or 1.0)")
+    # the math reward is 1 (correct) or 0, plus format_weight or 0: a threshold outside (min, max]
+    # counts no rollout, or every rollout, as correct, and F-GRPO's focal weight says nothing
+    lo, hi = min(0.0, cfg.reward.format_weight), 1.0 + max(0.0, cfg.reward.format_weight)
+    if not lo < g.correct_threshold <= hi:
+        raise ConfigError(f"grpo.correct_threshold={g.correct_threshold}: must be > {lo:g} and <= {hi:g} (the math "
+                          f"reward's min and max with reward.format_weight={cfg.reward.format_weight:g}), else no "
+                          "rollout or every rollout counts as correct; e.g. grpo.correct_threshold=1.0")
     if g.max_steps < 1:
         raise ConfigError(f"grpo.max_steps={g.max_steps}: must be >= 1")
     if not g.learning_rate > 0:

@@ -53,6 +53,9 @@ def compose_train():
     ("grpo.num_generations=1", "grpo.num_generations"),
     ("grpo.micro_batch_size=5", "grpo.micro_batch_size"),
     ("grpo.focal_gamma=-1", "grpo.focal_gamma"),
+    ("grpo.correct_threshold=5", "grpo.correct_threshold"),  # above 1 + reward.format_weight: none correct
+    ("grpo.correct_threshold=0", "grpo.correct_threshold"),  # at the reward's minimum: all correct
+    ("grpo.correct_threshold=nan", "grpo.correct_threshold"),
     ("grpo.time_budget_s=0", "grpo.time_budget_s"),
     ("grpo.loss_type=ppo", "grpo.loss_type"),
     ("lora.rank=100000", "lora.rank"),
