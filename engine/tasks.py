@@ -214,6 +214,43 @@ READERS: dict[str, Callable[[dict], tuple[str, str, str | None] | None]] = {
     "math500": _math500,
     "svamp": _svamp,
 }
+# The fields each built-in reader needs, and what a usable row holds in them (error messages).
+READER_FIELDS: dict[str, tuple[tuple[str, ...], str]] = {
+    "gsm8k": (("question", "answer"), "a text question and an answer ending in '#### <final answer>'"),
+    "math500": (("problem", "answer"), "a text problem and a non-empty text answer"),
+    "svamp": (("Body", "Question", "Answer"), "text Body and Question and a numeric Answer"),
+}
+
+
+def no_usable_rows(task: str, source: str, rows: list, reader: str, expected: tuple[str, ...],
+                   usable: str) -> ValueError:
+    """The one-line error for a data source none of whose rows the reader could use.
+
+    Args:
+        task: the task name. source: the file (or hub split) the rows came from.
+        rows: the rows read. reader: ``task.reader``. expected: the fields the reader needs.
+        usable: what a usable row holds in those fields.
+
+    Returns:
+        A ValueError naming the source, the expected fields, the fields found in its rows and the fix.
+    """
+    if not rows:
+        return ValueError(f"task {task!r}: no usable rows in {source} (it has none); fill it with objects holding "
+                          f"{', '.join(expected)}, or point task.path at another file")
+    found = sorted({str(k) for r in rows if isinstance(r, dict) for k in r})
+    shown = ", ".join(found[:12]) + (f", ... ({len(found)} in all)" if len(found) > 12 else "")
+    if not found:
+        shown = "no fields (no row is a JSON object)"
+    missing = [f for f in expected if f not in found]
+    if not missing:
+        fix = "the fields are there but none of their values is usable; fix the values"
+    elif reader == "jsonl":
+        fix = "set task.question_field and task.answer_field to the file's field names"
+    else:
+        fix = (f"rename the file's fields to {', '.join(expected)}, or use task.reader=jsonl with "
+               f"task.question_field=<field> task.answer_field=<field>")
+    return ValueError(f"task {task!r}: no usable rows in {source} ({len(rows)} read): task.reader={reader} expects "
+                      f"fields {', '.join(expected)} ({usable}), found {shown}; {fix}")
 
 
 # --- generated arithmetic word problems -------------------------------------------------------
@@ -308,8 +345,10 @@ def load_task(cfg) -> Task:
         return _arithmetic(cfg)
     if cfg.reader in READERS:
         reader = READERS[cfg.reader]
+        expected, usable_row = READER_FIELDS[cfg.reader]
     elif cfg.reader == "jsonl":
         reader = _generic(cfg.question_field, cfg.answer_field, cfg.solution_field)
+        expected, usable_row = (cfg.question_field, cfg.answer_field), "a text question and a non-empty answer"
     else:
         raise ValueError(f"task.reader={cfg.reader!r} is unknown; use one of {sorted(READERS) + ['jsonl', 'arithmetic']}")
 
@@ -323,10 +362,15 @@ def load_task(cfg) -> Task:
             raise FileNotFoundError(f"task.path={cfg.path!r}: {root} does not exist (relative paths are looked up in "
                                     f"the working directory, the repository and $ESSA_DATA); fix task.path")
 
+    sources: dict[str, str] = {}  # split -> the file (or hub split) its rows came from
+
     def rows_of(split: str) -> list[dict]:
         if cfg.hub_id:
+            sources[split] = f"task.hub_id={cfg.hub_id!r} split {split!r}"
             return _hub_rows(cfg.hub_id, cfg.hub_config, split)
-        return read_rows(_split_file(root, split))
+        path = _split_file(root, split)
+        sources[split] = str(path)
+        return read_rows(path)
 
     skipped: dict[str, int] = {}
 
@@ -338,6 +382,8 @@ def load_task(cfg) -> Task:
                 skipped[split] = skipped.get(split, 0) + 1
                 continue
             out.append(Problem(f"{cfg.name}/{split}/{i}", *parsed))
+        if not out:
+            raise no_usable_rows(cfg.name, sources[split], rows, cfg.reader, expected, usable_row)
         return out
 
     if cfg.train_split == cfg.val_split or (root is not None and root.is_file()):

@@ -231,3 +231,37 @@ def test_hub_without_network_names_task_hub_id(monkeypatch):
     with pytest.raises(ValueError, match="task.hub_id='openai/gsm8k'") as e:
         load_task(task_cfg(name="gsm8k", reader="gsm8k", hub_id="openai/gsm8k", hub_config="main"))
     assert "task.path" in str(e.value) and "Couldn't reach" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("reader, rows, expect", [
+    # built-in reader, wrong field names: names both sets and the jsonl way out
+    ("gsm8k", [{"q": "1+1?", "a": "#### 2"}] * 3,
+     r"task\.reader=gsm8k expects fields question, answer \(.*\), found a, q; rename the file's fields to "
+     r"question, answer, or use task\.reader=jsonl with task\.question_field=<field> task\.answer_field=<field>$"),
+    # the fields are right, the values are not (no '#### N')
+    ("gsm8k", [{"question": "1+1?", "answer": "2"}] * 3,
+     r"expects fields question, answer \(.*'#### <final answer>'\), found answer, question; the fields are there "
+     r"but none of their values is usable; fix the values$"),
+    # generic reader: the fix is the field mapping
+    ("jsonl", [{"prompt": "1+1?", "target": 2}] * 3,
+     r"task\.reader=jsonl expects fields question, answer \(.*\), found prompt, target; set task\.question_field "
+     r"and task\.answer_field to the file's field names$"),
+    ("svamp", [[1, 2], [3]], r"expects fields Body, Question, Answer .*found no fields \(no row is a JSON object\)"),
+])
+def test_no_usable_rows_names_file_and_fields(tmp_path, reader, rows, expect):
+    f = tmp_path / "train.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    with pytest.raises(ValueError) as e:
+        load_task(task_cfg(name="mine", reader=reader, path=str(f), train_split="train", val_split="train",
+                           val_size=1))
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"task 'mine': no usable rows in {f} ({len(rows)} read): ")
+    assert re.search(expect, msg), msg
+
+
+def test_no_usable_rows_names_the_split_file_that_has_none(tmp_path):
+    good = json.dumps({"question": "1+1?", "answer": "#### 2"})
+    (tmp_path / "train.jsonl").write_text(good + "\n" + good + "\n")
+    (tmp_path / "test.jsonl").write_text(json.dumps({"Question": "1+1?", "Answer": 2}) + "\n")
+    with pytest.raises(ValueError, match=re.escape(f"no usable rows in {tmp_path / 'test.jsonl'} (1 read)")):
+        load_task(task_cfg(name="mine", reader="gsm8k", path=str(tmp_path), train_split="train", val_split="test"))
