@@ -184,30 +184,123 @@ def group_override_error(command: str, argv: list[str]) -> str | None:
     return None
 
 
+def field_paths(cfg, prefix: str = "") -> list[str]:
+    """Dotted paths of every field of a composed config, nested ones included (``hydra`` left out)."""
+    from omegaconf import DictConfig
+
+    out = []
+    for key in cfg.keys():
+        if not prefix and key == "hydra":
+            continue
+        path = f"{prefix}{key}"
+        out.append(path)
+        node = cfg._get_node(key)
+        if isinstance(node, DictConfig) and not node._is_none() and not node._is_missing():
+            out += field_paths(node, f"{path}.")
+    return out
+
+
+def nearest_field(key: str, cfg) -> str | None:
+    """The field of ``cfg`` whose dotted path is closest to ``key`` (difflib), other than ``key`` itself
+    and its children; None when nothing is close."""
+    import difflib
+
+    paths = [p for p in field_paths(cfg) if p != key and not p.startswith(f"{key}.")]
+    near = difflib.get_close_matches(key, paths, n=1, cutoff=0.6)
+    return near[0] if near else None
+
+
+def no_such_field_line(command: str, key: str, cfg, value: str | None = None, added: bool = False) -> str:
+    """One line for an override of a field ``cfg`` does not have: the key, the nearest field and the fix."""
+    near = nearest_field(key, cfg)
+    fix = f"did you mean {near if value is None else f'{near}={value}'}?" if near else "check the spelling"
+    how = " (added with '+'?)" if added else ""
+    return f"{key}: no such field{how}; {fix} (`essa {command} --cfg job` prints every field)"
+
+
+def misspelt_key_error(command: str, argv: list[str]) -> str | None:
+    """One line for an override (``key=value``, no ``+``) of a field ``command``'s config lacks, else None.
+
+    Checks single runs, sweeps (``-m``, every value of a sweep) and runs with Hydra flags (``--cfg job``)
+    alike, as Hydra would apply the override, and names the nearest field (:func:`no_such_field_line`).
+    Group selections (``task=gsm8k``), ``hydra...`` keys, ``+``/``++``/``~`` overrides are left to Hydra.
+    """
+    import copy
+
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    try:
+        args, _ = get_args_parser().parse_known_args(argv)
+        overrides = OverridesParser.create().parse_overrides(args.overrides)
+    except BaseException:  # noqa: BLE001 - a malformed command line (argparse exits): Hydra's own error says which
+        return None
+
+    def selects_group(o) -> bool:
+        return o.key_or_group.startswith("hydra") or o.package is not None or (CONF_DIR / o.key_or_group).is_dir()
+
+    plain = [o for o in overrides if not selects_group(o) and not (o.is_add() or o.is_force_add() or o.is_delete())]
+    if not plain:
+        return None
+    # the config the plain overrides apply to: with the run's groups and '+' additions (sweeps left out)
+    base = [o.input_line for o in overrides if not o.is_sweep_override() and not o.key_or_group.startswith("hydra")
+            and (selects_group(o) or o.is_add() or o.is_force_add())]
+    cfg = None
+    for ovs in (base, []):
+        try:
+            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+                cfg = compose(config_name=HYDRA_COMMANDS[command], overrides=ovs)
+            break
+        except Exception:  # noqa: BLE001 - a bad group or addition: Hydra's own error says which
+            continue
+    if cfg is None:
+        return None
+    for o in plain:
+        try:
+            OmegaConf.update(copy.deepcopy(cfg), o.key_or_group, None, merge=True)
+        except (ConfigAttributeError, ConfigKeyError):  # what Hydra reports as "Could not override"
+            value = o.input_line.split("=", 1)[1] if "=" in o.input_line else None
+            return no_such_field_line(command, o.key_or_group, cfg, value)
+        except Exception:  # noqa: BLE001 - the field exists; its value is checked elsewhere
+            continue
+    return None
+
+
 def _precheck(command: str, argv: list[str]) -> None:
-    """Compose the config once before Hydra runs, so a bad override exits 2 with one line (Hydra itself
-    prints several lines and exits 1). Skipped for multirun and Hydra flags (``-m``, ``--cfg`` ...)."""
-    if any(a.startswith("-") for a in argv):
-        return
+    """Check the overrides before Hydra runs, so a bad one exits 2 with one line (Hydra itself prints
+    several lines and exits 1). The config is composed once; with Hydra flags (``-m``, ``--cfg`` ...)
+    only misspelt fields are checked (:func:`misspelt_key_error`). ``HYDRA_FULL_ERROR=1`` keeps
+    Hydra's full trace: a composition error is raised as it is, or left to Hydra."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     from .config import ConfigError, unknown_keys
 
+    full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    if any(a.startswith("-") for a in argv):
+        line = None if full_error else misspelt_key_error(command, argv)
+        if line:
+            _fail(ConfigError(line))
+        return
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name=HYDRA_COMMANDS[command], overrides=argv)
     except (HydraException, OmegaConfBaseException) as e:
-        _fail(ValueError(group_override_error(command, argv) or hydra_error_line(e, command)))
+        if full_error:
+            raise
+        _fail(ValueError(group_override_error(command, argv) or misspelt_key_error(command, argv)
+                         or hydra_error_line(e, command)))
     extra = unknown_keys(cfg, command)
     if extra or not config_groups(command):  # a command without groups composes any '+group=...' silently
         line = group_override_error(command, argv)
         if line:
             _fail(ConfigError(line))
     if extra:
-        _fail(ConfigError(f"{extra[0]}: no such field (added with '+'?); check the spelling "
-                          f"(`essa {command} --cfg job` prints every field)"))
+        _fail(ConfigError(no_such_field_line(command, extra[0], cfg, added=True)))
 
 
 def _hydra(command: str, argv: list[str]) -> None:

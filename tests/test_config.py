@@ -166,6 +166,13 @@ def test_strategy_options_checked_before_sft():
     (["+strategy.popsize=4"], "strategy.popsize: no such field"),
     (["task=nope"], "available: arithmetic"),
     (["strategy.sigma0=0.1,0.2"], "add -m to sweep"),
+    # a misspelt field names the nearest one (difflib), also in a sweep and with Hydra's flags
+    (["strategy.sigma00=0.3"], "strategy.sigma00: no such field; did you mean strategy.sigma0=0.3?"),
+    (["genrations=3"], "genrations: no such field; did you mean generations=3?"),
+    (["-m", "genrations=3,4"], "genrations: no such field; did you mean generations=3,4?"),
+    (["--cfg", "job", "task.pathh=x"], "task.pathh: no such field; did you mean task.path=x?"),
+    (["+strategy.popsize=4"], "did you mean strategy.population_size?"),
+    (["zzzzqq=1"], "zzzzqq: no such field; check the spelling"),
 ])
 def test_cli_composition_errors_are_one_line(argv, expect, capsys):
     from engine.cli import main
@@ -175,6 +182,17 @@ def test_cli_composition_errors_are_one_line(argv, expect, capsys):
     assert exc.value.code == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(err) == 1 and err[0].startswith("essa: error:") and expect in err[0], err
+
+
+def test_hydra_full_error_keeps_the_full_trace(monkeypatch):
+    """HYDRA_FULL_ERROR=1: a misspelt field raises Hydra's own exception (its traceback), not one line."""
+    from hydra.errors import ConfigCompositionException
+
+    from engine.cli import main
+
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    with pytest.raises(ConfigCompositionException, match="Could not override 'genrations'"):
+        main(["train", "genrations=3"])
 
 
 @pytest.mark.parametrize("command", ["train", "grpo", "eval"])
