@@ -13,11 +13,13 @@ Two things made a Ctrl-C (or ``kill -INT``) of ``essa train`` unreliable:
 :func:`handling` installs a handler that records the signal and raises ``KeyboardInterrupt``
 whatever disposition the process inherited; :func:`requested` tells later code that an exception
 raised after that (``EngineDeadError``, a broken pipe to a dead worker) is the interrupt's
-consequence, not a bug.
+consequence, not a bug. :func:`sigterm_unwinds` lets a SIGTERM run the cleanups of a block (the SFT
+warm start's temp directory) before the process ends by it.
 """
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 
@@ -54,3 +56,34 @@ def handling():
         yield
     finally:
         signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+
+
+class Terminated(BaseException):
+    """SIGTERM within :func:`sigterm_unwinds` (a BaseException, like KeyboardInterrupt)."""
+
+
+@contextlib.contextmanager
+def sigterm_unwinds():
+    """Within the block, SIGTERM unwinds the stack first (``finally`` blocks and context managers run:
+    a temp directory is removed), then ends the process by SIGTERM as before (exit status -15 /
+    143). Python's default lets SIGTERM kill the process at once, leaving such directories behind.
+    A no-op outside the main thread or where SIGTERM is not at its default (ignored, or another
+    handler owns it)."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        yield
+        return
+
+    def on_sigterm(signum, frame):
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    except Terminated:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered before kill() returns, unless blocked
+        raise SystemExit(128 + signal.SIGTERM) from None
+    finally:
+        if signal.getsignal(signal.SIGTERM) is on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -115,13 +116,16 @@ def read_json(path) -> Any:
 
 @contextmanager
 def atomic_dir(final: str | Path):
-    """Build a directory atomically: yields a fresh temp sibling of ``final``; on success it replaces
-    ``final`` (old content removed), on error it is deleted and ``final`` is left untouched."""
+    """Build a directory atomically: yields a fresh temp sibling of ``final``
+    (``.<name>.tmp-<pid>-<random>``); on success it replaces ``final`` (old content removed), on error
+    it is deleted and ``final`` is left untouched. A process killed outright (SIGKILL, or SIGTERM
+    outside :func:`engine.interrupts.sigterm_unwinds`) leaves the temp sibling:
+    :func:`remove_stale_temp_dirs` clears those."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-{os.getpid()}-", dir=final.parent))
     try:
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700
         yield tmp
         if final.exists():
             old = final.with_name(f".{final.name}.old-{os.getpid()}")
@@ -133,3 +137,46 @@ def atomic_dir(final: str | Path):
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+# .<name>.tmp-<pid>-<random> and .<name>.old-<pid> of atomic_dir; .<name>.tmp-<random> of older versions
+_TEMP_DIR = re.compile(r"^\..+\.(?:tmp|old)-(?:(\d+)(?:-|$))?")
+
+
+def _pid_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_stale_temp_dirs(root: str | Path) -> list[Path]:
+    """Delete the temp directories :func:`atomic_dir` left in ``root`` when the process building them
+    was killed: those last modified before the current process started, whose process (the pid in
+    the name, when it has one) no longer runs. A live build of another process is left alone.
+
+    Returns:
+        The removed directories.
+    """
+    import psutil
+
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    started = psutil.Process().create_time()  # seconds since the epoch
+    removed = []
+    for p in root.iterdir():
+        m = _TEMP_DIR.match(p.name)
+        if m is None or not p.is_dir() or p.is_symlink():
+            continue
+        try:
+            if p.stat().st_mtime >= started or (m.group(1) and _pid_running(int(m.group(1)))):
+                continue
+        except OSError:  # removed meanwhile
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        removed.append(p)
+    return removed

@@ -7,7 +7,9 @@ the loss on the completion only. The finished adapter is cached under
 the training dtype (resolved from ``model.dtype`` before hashing: ``auto`` is float32 on every CPU,
 bf16/fp16 on GPUs, engine/hardware.py), so a second run with the same config skips training and a
 warm start trained in another dtype is never reused. float32 leaves the key as it was before the
-dtype entered it, so existing CPU caches stay valid.
+dtype entered it, so existing CPU caches stay valid. A warm start stopped by Ctrl-C, SIGTERM or an
+error removes its temp directory (``.<hash>.tmp-<pid>-*``); one killed outright (SIGKILL) leaves it,
+and the next cache lookup removes it.
 
 With ``sft.enabled=false`` the adapter is peft's initialisation (A Kaiming-uniform, B = 0), the
 no-warm-start variant of ESSA.
@@ -21,7 +23,8 @@ import shutil
 import time
 from pathlib import Path
 
-from .io import atomic_dir
+from .interrupts import sigterm_unwinds
+from .io import atomic_dir, remove_stale_temp_dirs
 from .model import cache_dir
 from .prompts import chat_messages
 from .tasks import Problem
@@ -83,10 +86,13 @@ def warm_start(model_path: str, problems: list[Problem], sft_cfg, lora_cfg, syst
     root = Path(out_dir) if out_dir else cache_dir() / "sft"
     key = sft_hash(model_path, examples, sft_cfg, lora_cfg, system_prompt, dtype)
     final = root / key
+    for stale in remove_stale_temp_dirs(root):  # left by a warm start that was killed (SIGKILL)
+        log.info("SFT warm start: removed %s, left by an interrupted warm start", stale)
     if sft_cfg.cache and (final / "adapter_config.json").exists():
         log.info("SFT warm start: cached adapter %s", final)
         return final
-    with atomic_dir(final) as tmp:
+    # Ctrl-C, SIGTERM or an error: the half-trained temp dir is removed, nothing is cached
+    with sigterm_unwinds(), atomic_dir(final) as tmp:
         log.info("SFT warm start: training %d steps x %d examples (%s) into %s; Ctrl-C stops it, nothing is cached "
                  "until it finishes", sft_cfg.max_steps, sft_cfg.batch_size, dtype, final)
         _train(model_path, examples, sft_cfg, lora_cfg, system_prompt, tmp, dtype)

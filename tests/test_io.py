@@ -61,3 +61,25 @@ def test_outputs_get_the_usual_permissions(tmp_path):
         os.umask(mask)
     assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o644
     assert stat.S_IMODE((tmp_path / "d").stat().st_mode) == 0o755
+
+
+def test_stale_temp_dirs_are_removed_and_live_ones_kept(tmp_path):
+    """A temp dir of a killed build (older than this process, its pid gone) goes; a live build stays."""
+    import os
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)  # a pid that no longer runs
+    stale = [tmp_path / f".abc.tmp-{dead_pid}-x1y2", tmp_path / ".abc.tmp-q7_zk3pa", tmp_path / f".abc.old-{dead_pid}"]
+    live = tmp_path / f".def.tmp-{os.getpid()}-x1y2"  # this process: still building
+    fresh = tmp_path / f".ghi.tmp-{dead_pid}-x1y2"  # made after this process started
+    keep = [tmp_path / "abc", tmp_path / ".hidden"]  # a finished entry, an unrelated dot dir
+    for d in stale + [live, fresh] + keep:
+        d.mkdir()
+        (d / "weights").write_text("half")
+    for d in stale + [live] + keep:
+        os.utime(d, (0, 0))  # 1970: before this process started
+    assert sorted(io.remove_stale_temp_dirs(tmp_path)) == sorted(stale)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in [live, fresh] + keep)
+    assert io.remove_stale_temp_dirs(tmp_path / "missing") == []
