@@ -72,8 +72,10 @@ condition, accuracy, n_problems, method``; conditions ``sft`` at step 0 and ``po
 ``t_eval_total`` = validation seconds included in ``wall_s`` so far; ``rollouts``, ``t_generate``
 = seconds generating them, ``rollouts_per_s``), ``rollouts/step_XXXXXX.parquet`` (vllm path: every
 rollout's text, completion ids, sampled-token logprobs and the adapter id that generated it),
-``adapters/final`` (PEFT adapter). ``step`` counts optimiser steps; one step = one generation of
-``prompts_per_step x num_generations`` rollouts (on-policy, ``num_iterations = 1``).
+``adapters/final`` (PEFT adapter). ``step`` counts optimiser steps; one step trains on
+``prompts_per_step x num_generations`` rollouts, each used once (``num_iterations = 1``); they are
+generated every ``steps_per_generation`` steps, k steps' worth at a time (k = 1: on-policy). Metrics
+rows of steps that generated nothing carry NaN rollouts, rewards and ``t_generate``.
 """
 from __future__ import annotations
 
@@ -122,6 +124,15 @@ class GRPOParams:
     micro_batch_size: rollouts per forward/backward pass (gradient accumulation inside one step);
       null = :func:`auto_micro_batch` (at most 16). Must divide prompts_per_step x num_generations.
       Memory grows with it: one pass over 64 rollouts of SmolLM2-135M took about 19 GB on CPU.
+    steps_per_generation: optimiser steps trained on one generation batch (k >= 1): the rollouts of k
+      steps (k x prompts_per_step x num_generations) are generated in one call, then each step trains
+      on its own slice, each rollout once. TRL's ``steps_per_generation`` counts micro-batches; this one
+      counts optimiser steps (TRL's = k x gradient-accumulation steps). k > 1 makes steps 2..k of a
+      batch off-policy by up to k - 1 updates; TRL's clipped ratio against the log-probabilities
+      computed when the batch was generated (``old_per_token_logps``) accounts for it, as in PPO's
+      rollout-batch / mini-batch split (Schulman et al. 2017, arXiv 1707.06347, §5; verl's
+      ``ppo_mini_batch_size``). Larger k gives the generator a larger batch (vLLM's throughput grows
+      with it; a transformers ``generate`` on CPU barely does).
     learning_rate: AdamW learning rate, constant (LoRA: 1e-5 .. 1e-4).
     max_steps: optimiser steps (upper bound when time_budget_s is set).
     max_completion_length: new tokens per rollout. temperature/top_p: rollout sampling.
@@ -149,6 +160,7 @@ class GRPOParams:
     num_generations: int = 8
     prompts_per_step: int = 8
     micro_batch_size: Optional[int] = None
+    steps_per_generation: int = 1
     learning_rate: float = 5e-5
     max_steps: int = 100
     max_completion_length: int = 96
@@ -217,6 +229,9 @@ def validate(cfg) -> None:
     if g.micro_batch_size is not None and (g.micro_batch_size < 1 or rollouts % g.micro_batch_size):
         raise ConfigError(f"grpo.micro_batch_size={g.micro_batch_size}: must divide prompts_per_step x "
                           f"num_generations = {rollouts}; or set grpo.micro_batch_size=null")
+    if g.steps_per_generation < 1:
+        raise ConfigError(f"grpo.steps_per_generation={g.steps_per_generation}: must be >= 1 (optimiser steps per "
+                          "generation batch; 1 = on-policy)")
     if not g.focal_gamma >= 0:
         raise ConfigError(f"grpo.focal_gamma={g.focal_gamma}: must be >= 0 (0 = GRPO; F-GRPO uses 0.5 or 1.0)")
     # the math reward is 1 (correct) or 0, plus format_weight or 0: a threshold outside (min, max]
@@ -586,9 +601,12 @@ class _Run:
         row["rollouts_per_s"] = row["rollouts"] / row["t_generate"] if row["t_generate"] > 0 else nan
         self.mrows.append({k: float(v) if k != "step" else int(v) for k, v in row.items()})
         io.write_parquet(self.run_dir / "metrics.parquet", self.mrows)
-        log.info("step %d  reward %.3f (std %.3f)  loss %.4f  %.0f rollouts in %.1f s (%.2f/s)  wall %.1f s", step,
-                 row["reward_mean"], row["reward_std"], row["loss"], row["rollouts"], row["t_generate"],
-                 row["rollouts_per_s"], wall)
+        if row["rollouts"] > 0:
+            log.info("step %d  reward %.3f (std %.3f)  loss %.4f  %.0f rollouts in %.1f s (%.2f/s)  wall %.1f s",
+                     step, row["reward_mean"], row["reward_std"], row["loss"], row["rollouts"], row["t_generate"],
+                     row["rollouts_per_s"], wall)
+        else:  # grpo.steps_per_generation > 1: trained on rollouts generated at an earlier step
+            log.info("step %d  loss %.4f  (rollouts of the last generation batch)  wall %.1f s", step, row["loss"], wall)
 
 
 def _save_adapter(model, out: Path) -> Path:
@@ -675,6 +693,7 @@ def main(cfg, run_dir: str | Path) -> dict:
     args = GRPOConfig(
         output_dir=str(run_dir / "trainer"), max_steps=g.max_steps, per_device_train_batch_size=micro,
         gradient_accumulation_steps=rollouts_per_step // micro, num_generations=g.num_generations,
+        steps_per_generation=g.steps_per_generation * (rollouts_per_step // micro),  # TRL counts micro-batches
         learning_rate=g.learning_rate, lr_scheduler_type="constant", warmup_steps=0,
         max_completion_length=g.max_completion_length, temperature=g.temperature, top_p=g.top_p, beta=g.beta,
         loss_type=g.loss_type, scale_rewards=g.scale_rewards, num_iterations=1,

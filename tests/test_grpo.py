@@ -52,6 +52,7 @@ def compose_train():
 @pytest.mark.parametrize("override, field", [
     ("grpo.num_generations=1", "grpo.num_generations"),
     ("grpo.micro_batch_size=5", "grpo.micro_batch_size"),
+    ("grpo.steps_per_generation=0", "grpo.steps_per_generation"),
     ("grpo.focal_gamma=-1", "grpo.focal_gamma"),
     ("grpo.correct_threshold=5", "grpo.correct_threshold"),  # above 1 + reward.format_weight: none correct
     ("grpo.correct_threshold=0", "grpo.correct_threshold"),  # at the reward's minimum: all correct
@@ -161,6 +162,34 @@ def test_tiny_real_run(tmp_path):
     assert len(names) == 4 * base.config.num_hidden_layers
     assert not (run_dir / "trainer").exists()
 
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_generation_batch_spans_steps(tmp_path):
+    """grpo.steps_per_generation=2: one vLLM call generates both steps' rollouts (2 x 2 prompts x 4),
+    each step trains on its own half; the second step generates nothing."""
+    import math
+
+    import pyarrow.parquet as pq
+
+    run_dir = tmp_path / "run"
+    cmd = [str(ESSA),
+        "grpo", "sft.max_steps=2", "sft.batch_size=4", "sft.max_length=192", "task.val_size=4",
+        "task.train_size=64", "grpo.prompts_per_step=2", "grpo.num_generations=4", "grpo.steps_per_generation=2",
+        "grpo.max_steps=2", "grpo.max_completion_length=32", "grpo.eval_max_tokens=32", "grpo.eval_every=0",
+        f"hydra.run.dir={run_dir}",
+    ]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=880)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in (run_dir / "rollouts").iterdir()) == ["step_000000.parquet"]
+    rollouts = pq.read_table(run_dir / "rollouts" / "step_000000.parquet").to_pylist()
+    assert len(rollouts) == 16 and len({r["adapter_id"] for r in rollouts}) == 1
+    metrics = pq.read_table(run_dir / "metrics.parquet").to_pylist()
+    assert [r["step"] for r in metrics] == [1, 2]
+    assert metrics[0]["rollouts"] == 16 and metrics[0]["rollouts_per_s"] > 0
+    assert math.isnan(metrics[1]["rollouts"]) and math.isfinite(metrics[1]["loss"])
+    assert "rollouts of the last generation batch" in proc.stderr + proc.stdout
 
 
 def test_auto_micro_batch_bounds_the_training_pass():
