@@ -132,7 +132,9 @@ class GRPOParams:
       computed when the batch was generated (``old_per_token_logps``) accounts for it, as in PPO's
       rollout-batch / mini-batch split (Schulman et al. 2017, arXiv 1707.06347, §5; verl's
       ``ppo_mini_batch_size``). Larger k gives the generator a larger batch (vLLM's throughput grows
-      with it; a transformers ``generate`` on CPU barely does).
+      with it; a transformers ``generate`` on CPU barely does). A batch needs k x prompts_per_step
+      training problems (:func:`check_generation_batch`); a run that stops inside a batch (max_steps not
+      a multiple of k, or time_budget_s) leaves the batch's remaining rollouts unused.
     learning_rate: AdamW learning rate, constant (LoRA: 1e-5 .. 1e-4).
     max_steps: optimiser steps (upper bound when time_budget_s is set).
     max_completion_length: new tokens per rollout. temperature/top_p: rollout sampling.
@@ -203,6 +205,26 @@ def register() -> None:
 MAX_AUTO_MICRO_BATCH = 16
 
 
+def check_generation_batch(g: GRPOParams, n_train: int) -> None:
+    """Refuse a generation batch larger than the training set; warn when ``max_steps`` leaves rollouts unused.
+
+    TRL samples ``prompts_per_step x steps_per_generation`` distinct prompts per generation batch and
+    drops an incomplete batch, so a batch larger than the training set trains nothing.
+
+    Raises:
+        ConfigError: ``prompts_per_step x steps_per_generation > n_train`` (one line with the fix).
+    """
+    need = g.prompts_per_step * g.steps_per_generation
+    if need > n_train:
+        raise ConfigError(f"grpo.steps_per_generation={g.steps_per_generation}: a generation batch takes prompts_per_step "
+                          f"x steps_per_generation = {need} distinct prompts, but the task has {n_train} training "
+                          "problems; lower grpo.steps_per_generation or grpo.prompts_per_step, or raise task.train_size")
+    if g.max_steps % g.steps_per_generation:
+        log.warning("grpo.max_steps=%d is not a multiple of grpo.steps_per_generation=%d: the last generation batch "
+                    "generates rollouts for %d steps and trains %d", g.max_steps, g.steps_per_generation,
+                    g.steps_per_generation, g.max_steps % g.steps_per_generation)
+
+
 def auto_micro_batch(rollouts: int, cap: int = MAX_AUTO_MICRO_BATCH) -> int:
     """Rollouts per forward/backward pass when ``grpo.micro_batch_size`` is null: the largest divisor
     of ``rollouts`` (prompts_per_step x num_generations) that is at most ``cap``.
@@ -234,13 +256,19 @@ def validate(cfg) -> None:
                           "generation batch; 1 = on-policy)")
     if not g.focal_gamma >= 0:
         raise ConfigError(f"grpo.focal_gamma={g.focal_gamma}: must be >= 0 (0 = GRPO; F-GRPO uses 0.5 or 1.0)")
-    # the math reward is 1 (correct) or 0, plus format_weight or 0: a threshold outside (min, max]
-    # counts no rollout, or every rollout, as correct, and F-GRPO's focal weight says nothing
-    lo, hi = min(0.0, cfg.reward.format_weight), 1.0 + max(0.0, cfg.reward.format_weight)
+    # the math reward is 1 (correct) or 0 (wrong), plus format_weight or 0: a wrong rollout scores at
+    # most max(0, fw), a correct one at least 1 + min(0, fw); the threshold must lie between them, or
+    # wrong rollouts count as correct (or correct ones as wrong) and F-GRPO's focal weight misleads
+    fw = cfg.reward.format_weight
+    lo, hi = max(0.0, fw), 1.0 + min(0.0, fw)
+    if not lo < hi:
+        raise ConfigError(f"reward.format_weight={fw:g}: |format_weight| must be < 1, or a wrong boxed answer scores "
+                          "as much as a correct unboxed one; e.g. reward.format_weight=0.1")
     if not lo < g.correct_threshold <= hi:
-        raise ConfigError(f"grpo.correct_threshold={g.correct_threshold}: must be > {lo:g} and <= {hi:g} (the math "
-                          f"reward's min and max with reward.format_weight={cfg.reward.format_weight:g}), else no "
-                          "rollout or every rollout counts as correct; e.g. grpo.correct_threshold=1.0")
+        raise ConfigError(f"grpo.correct_threshold={g.correct_threshold}: must be > {lo:g} and <= {hi:g} (a wrong "
+                          f"rollout scores at most {lo:g}, a correct one at least {hi:g} with reward.format_weight="
+                          f"{fw:g}), else wrong rollouts count as correct or correct ones as wrong; "
+                          f"e.g. grpo.correct_threshold={hi:g}")
     if g.max_steps < 1:
         raise ConfigError(f"grpo.max_steps={g.max_steps}: must be >= 1")
     if not g.learning_rate > 0:
@@ -654,6 +682,7 @@ def main(cfg, run_dir: str | Path) -> dict:
     model_path = resolve_model_path(cfg.model.path)
     task = load_task(cfg.task)
     log.info("task %s: %d train / %d val problems", task.name, len(task.train), len(task.val))
+    check_generation_batch(g, len(task.train))
     dtype, dtype_reason = resolve_dtype(cfg.model.dtype, purpose="training")  # the policy's; logs one line
     sft_dir = warm_start(model_path, task.train, cfg.sft, cfg.lora, cfg.task.system_prompt, dtype=dtype)
     # The clock starts where engine/loop.py's does: right after the shared SFT warm start.

@@ -415,7 +415,7 @@ def write_markdown(runs: list[RunData], figures: dict[str, Path], skipped: dict[
 
 
 SKIP_REASONS = {
-    "fitness": "no metrics.parquet", "signal": "no split_half_rho in metrics.parquet", "sigma": "no sigma in metrics.parquet",
+    "fitness": "no fitness_mean in metrics.parquet (an ES run's)", "signal": "no split_half_rho in metrics.parquet", "sigma": "no sigma in metrics.parquet",
     "val_accuracy_generation": "no validation.parquet", "val_accuracy_wallclock": "no validation.parquet",
     "passk": "no eval_summary.json with n > 1", "throughput": "no tokens_per_s in metrics.parquet",
 }

@@ -85,6 +85,37 @@ def test_bad_config_names_the_field(override, field):
         validate(compose(override))
 
 
+@pytest.mark.parametrize("fw, threshold, ok", [
+    (0.1, 0.05, False),   # a wrong boxed answer scores 0.1: it would count as correct
+    (0.1, 0.5, True), (0.1, 1.0, True),
+    (-0.1, 1.0, False),   # a correct boxed answer scores 0.9: it would count as wrong
+    (-0.1, 0.9, True),
+])
+def test_correct_threshold_separates_wrong_from_correct(fw, threshold, ok):
+    from engine.grpo import validate
+
+    cfg = compose(f"reward.format_weight={fw}", f"grpo.correct_threshold={threshold}")
+    if ok:
+        validate(cfg)
+    else:
+        with pytest.raises(ConfigError, match=r"grpo\.correct_threshold"):
+            validate(cfg)
+
+
+def test_generation_batch_must_fit_the_training_set(caplog):
+    from engine.grpo import check_generation_batch
+
+    g = compose("grpo.prompts_per_step=8", "grpo.steps_per_generation=10", "grpo.max_steps=20").grpo
+    with pytest.raises(ConfigError, match=r"grpo\.steps_per_generation=10.*80 distinct prompts.*64 training"):
+        check_generation_batch(g, 64)
+    check_generation_batch(g, 80)
+    assert not caplog.records
+    g = compose("grpo.prompts_per_step=2", "grpo.steps_per_generation=2", "grpo.max_steps=3").grpo
+    with caplog.at_level("WARNING", logger="essa.grpo"):
+        check_generation_batch(g, 64)
+    assert "max_steps=3 is not a multiple" in caplog.text
+
+
 def test_time_budget_stops_training_and_validates():
     from engine.grpo import _run_logger_class
 

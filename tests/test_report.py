@@ -98,7 +98,7 @@ def test_several_runs_overlaid_and_missing_data_skipped(tmp_path):
     paths = make_report([grpo], tmp_path / "only_grpo")
     assert {p.name for p in paths} == {"val_accuracy_generation.png", "val_accuracy_wallclock.png", "report.md"}
     md = (tmp_path / "only_grpo" / "report.md").read_text()
-    assert "Not drawn:" in md and "`fitness.png` (no metrics.parquet)" in md
+    assert "Not drawn:" in md and "`fitness.png` (no fitness_mean in metrics.parquet (an ES run's))" in md
 
 
 def test_eval_only_directory_is_a_run(tmp_path):
