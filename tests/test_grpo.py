@@ -131,6 +131,20 @@ def test_time_budget_stops_training_and_validates():
     assert validated == [2]  # eval_every=0: only when stopping
 
 
+def run_tiny_grpo(run_dir, *overrides: str) -> subprocess.CompletedProcess:
+    """``essa grpo`` through the console script on the default model at toy size (2-step warm start,
+    2 prompts x 4 rollouts, 2 steps, 32 new tokens, 4 held-out problems); asserts exit 0."""
+    cmd = [str(ESSA),
+        "grpo", "sft.max_steps=2", "sft.batch_size=4", "sft.max_length=192", "task.val_size=4",
+        "task.train_size=64", "grpo.prompts_per_step=2", "grpo.num_generations=4",
+        "grpo.max_steps=2", "grpo.max_completion_length=32", "grpo.eval_max_tokens=32", *overrides,
+        f"hydra.run.dir={run_dir}",
+    ]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=880)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(900)
 def test_tiny_real_run(tmp_path):
@@ -142,14 +156,7 @@ def test_tiny_real_run(tmp_path):
     from transformers import AutoModelForCausalLM
 
     run_dir = tmp_path / "run"
-    cmd = [str(ESSA),
-        "grpo", "sft.max_steps=2", "sft.batch_size=4", "sft.max_length=192", "task.val_size=4",
-        "task.train_size=64", "grpo.focal_gamma=1.0", "grpo.prompts_per_step=2", "grpo.num_generations=4",
-        "grpo.max_steps=2", "grpo.max_completion_length=32", "grpo.eval_max_tokens=32", "grpo.eval_every=1",
-        f"hydra.run.dir={run_dir}",
-    ]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=880)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_tiny_grpo(run_dir, "grpo.focal_gamma=1.0", "grpo.eval_every=1")
 
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["method"] == "f-grpo" and meta["label"] and meta["trl_version"].startswith("1.16.")
@@ -205,14 +212,7 @@ def test_generation_batch_spans_steps(tmp_path):
     import pyarrow.parquet as pq
 
     run_dir = tmp_path / "run"
-    cmd = [str(ESSA),
-        "grpo", "sft.max_steps=2", "sft.batch_size=4", "sft.max_length=192", "task.val_size=4",
-        "task.train_size=64", "grpo.prompts_per_step=2", "grpo.num_generations=4", "grpo.steps_per_generation=2",
-        "grpo.max_steps=2", "grpo.max_completion_length=32", "grpo.eval_max_tokens=32", "grpo.eval_every=0",
-        f"hydra.run.dir={run_dir}",
-    ]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=880)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_tiny_grpo(run_dir, "grpo.steps_per_generation=2", "grpo.eval_every=0")
     assert sorted(p.name for p in (run_dir / "rollouts").iterdir()) == ["step_000000.parquet"]
     rollouts = pq.read_table(run_dir / "rollouts" / "step_000000.parquet").to_pylist()
     assert len(rollouts) == 16 and len({r["adapter_id"] for r in rollouts}) == 1
