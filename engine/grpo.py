@@ -718,11 +718,12 @@ def main(cfg, run_dir: str | Path) -> dict:
 
     rollouts_per_step = g.prompts_per_step * g.num_generations
     micro = g.micro_batch_size or auto_micro_batch(rollouts_per_step)
+    accum = rollouts_per_step // micro  # micro-batches per optimiser step
     is_mode = g.importance_sampling
     args = GRPOConfig(
         output_dir=str(run_dir / "trainer"), max_steps=g.max_steps, per_device_train_batch_size=micro,
-        gradient_accumulation_steps=rollouts_per_step // micro, num_generations=g.num_generations,
-        steps_per_generation=g.steps_per_generation * (rollouts_per_step // micro),  # TRL counts micro-batches
+        gradient_accumulation_steps=accum, num_generations=g.num_generations,
+        steps_per_generation=g.steps_per_generation * accum,  # TRL counts micro-batches
         learning_rate=g.learning_rate, lr_scheduler_type="constant", warmup_steps=0,
         max_completion_length=g.max_completion_length, temperature=g.temperature, top_p=g.top_p, beta=g.beta,
         loss_type=g.loss_type, scale_rewards=g.scale_rewards, num_iterations=1,
