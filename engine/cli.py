@@ -89,9 +89,32 @@ def _run(command: str, cfg) -> float | None:
             record_job_failure(run_dir, error_line(e, user_error))
             return None  # not NaN: Optuna 2.10's sweeper crashes on NaN; None makes a failed trial
         if user_error:
+            remove_refused_run_dir(run_dir)
             _fail(e)
         raise
     return None
+
+
+def remove_refused_run_dir(run_dir: str | Path) -> bool:
+    """Remove the run directory Hydra made for a run that was refused before writing anything.
+
+    Only a directory holding nothing but Hydra's ``.hydra/`` and its ``*.log`` files is removed, so
+    a refused run leaves no empty run behind for ``essa report`` or ``resume`` to trip on; anything a
+    run wrote (run.json, checkpoints, adapters) keeps the directory. Returns whether it was removed.
+    """
+    import shutil
+
+    d = Path(run_dir)
+    try:
+        entries = list(d.iterdir())
+    except OSError:
+        return False
+    if not any(p.name == ".hydra" for p in entries):
+        return False
+    if not all(p.name == ".hydra" or (p.is_file() and p.suffix == ".log") for p in entries):
+        return False
+    shutil.rmtree(d, ignore_errors=True)
+    return not d.exists()
 
 
 def hydra_error_line(e: BaseException, command: str = "train") -> str:

@@ -202,7 +202,8 @@ class RolloutConfig:
 @dataclass
 class EvalConfig:
     """Held-out validation: every ``every`` generations (0 = only at start and end) on the task's
-    val split, greedy, ``max_tokens`` new tokens."""
+    val split, greedy, ``max_tokens`` new tokens. ``baselines``: no adapter and the SFT adapter at
+    step 0, and the SFT adapter again in the final call beside the exports (the paired test's control)."""
 
     every: int = 5
     max_tokens: int = 128

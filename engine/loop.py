@@ -439,7 +439,9 @@ def _run_train(cfg, run_dir: str | Path, progress: _Progress) -> dict:
 
     # Final validation of the mean and the best genome, exports in PEFT format.
     final_step = state.generation + 1  # = generations, or fewer when the time budget stopped the run
-    conds: dict[str, AdapterRef | None] = {}
+    # the warm start again, in the same engine call as the exports: bf16 greedy decoding drifts by up
+    # to ~1.6 points between calls (batch composition), which would bias the paired test against step 0
+    conds: dict[str, AdapterRef | None] = {"sft": sft_ref} if cfg.eval.baselines else {}
     exports = {"mean": strategy.mean}
     if state.best_genome is not None:
         exports["best"] = state.best_genome

@@ -129,6 +129,7 @@ def test_job_dirs_pass_back_to_the_cli_unquoted(failed_sweep):
     err = [ln for ln in proc.stderr.splitlines() if ln.startswith("essa: error:")]
     # Hydra parses the path; the run then stops on the job's missing checkpoint, not on the override syntax.
     assert proc.returncode == 2 and len(err) == 1 and "resume: no checkpoint" in err[0], proc.stderr[-2000:]
+    assert not (sweep / "r").exists()  # the refused run leaves no run directory of its own behind
 
 
 def test_report_of_a_failed_sweep(failed_sweep, tmp_path):
@@ -189,3 +190,22 @@ def test_report_of_a_directory_without_jobs_is_one_line(tmp_path):
     with pytest.raises(SystemExit) as e:
         cli([str(tmp_path)])
     assert e.value.code == 2
+
+
+def test_a_refused_run_dir_is_removed_only_when_it_holds_nothing_but_hydra_files(tmp_path):
+    from engine.cli import remove_refused_run_dir
+
+    refused = tmp_path / "refused"
+    (refused / ".hydra").mkdir(parents=True)
+    (refused / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    (refused / "cli.log").write_text("")
+    assert remove_refused_run_dir(refused) and not refused.exists()
+    kept = tmp_path / "kept"  # a run that wrote something keeps its directory
+    (kept / ".hydra").mkdir(parents=True)
+    (kept / "run.json").write_text("{}")
+    assert not remove_refused_run_dir(kept) and (kept / "run.json").exists()
+    plain = tmp_path / "plain"  # not a Hydra run dir (no .hydra/): never touched
+    plain.mkdir()
+    (plain / "notes.log").write_text("x")
+    assert not remove_refused_run_dir(plain) and (plain / "notes.log").exists()
+    assert not remove_refused_run_dir(tmp_path / "missing")
