@@ -504,27 +504,36 @@ def greedy_accuracy(model, tokenizer, problems, system_prompt: str, max_new_toke
 
 
 def transformers_accuracy_fn(tokenizer, problems, cfg, reward_fn):
-    """``accuracy(step, model)`` of the transformers path: :func:`greedy_accuracy` of the trained model."""
+    """``accuracy(step, model, final)`` of the transformers path: :func:`greedy_accuracy` of the trained
+    model, ``{"policy": (n,) rewards}``. ``final`` changes nothing here: transformers' greedy decoding
+    repeats exactly for the same batches, so the step-0 ``sft`` rows stay the paired control."""
     g = cfg.grpo
 
-    def accuracy(step: int, model) -> float:
-        return greedy_accuracy(model, tokenizer, problems, cfg.task.system_prompt, g.eval_max_tokens,
-                               g.eval_batch_size, reward_fn)
+    def accuracy(step: int, model, final: bool = False) -> dict[str, np.ndarray]:
+        return {"policy": greedy_accuracy(model, tokenizer, problems, cfg.task.system_prompt, g.eval_max_tokens,
+                                          g.eval_batch_size, reward_fn)}
     return accuracy
 
 
-def vllm_accuracy_fn(evaluator, publisher, unwrap, problems, max_tokens: int, seed: int):
-    """``accuracy(step, model)`` of the vllm path: the code and engine of ES validation.
+def vllm_accuracy_fn(evaluator, publisher, unwrap, problems, max_tokens: int, seed: int, sft_ref=None):
+    """``accuracy(step, model, final)`` of the vllm path: the code and engine of ES validation.
 
     The policy's adapter after ``step`` steps is published (:class:`engine.grpo_rollouts.AdapterPublisher`;
     the next step's rollouts reuse it) and scored by ``engine.loop.validation`` through
     ``PopulationEvaluator.score``: greedy, ``max_tokens`` new tokens, ``rewards.MathReward``; the
     accuracy is the mean per-problem reward with unscorable answers counted wrong, as in ``essa train``.
+    With ``final`` the SFT adapter (``sft_ref``) is scored again in the same engine call, as essa train's
+    final validation does: bf16 greedy decoding drifts between calls, so the paired test's control must
+    come from the same call as the policy.
 
     Args:
         evaluator: ``engine.population.PopulationEvaluator`` on the run's vLLM back-end.
         publisher: the rollouts' adapter publisher. unwrap: model -> the peft model (accelerate's unwrap).
         problems: held-out problems. max_tokens: new tokens per answer. seed: run seed.
+        sft_ref: ``AdapterRef`` of the SFT warm start (None: the final call scores the policy only).
+
+    Returns:
+        ``accuracy(step, model, final=False) -> {"policy": (n,) float64 rewards[, "sft": (n,)]}``.
     """
     from omegaconf import OmegaConf
 
@@ -532,10 +541,12 @@ def vllm_accuracy_fn(evaluator, publisher, unwrap, problems, max_tokens: int, se
 
     eval_cfg = OmegaConf.create({"eval": {"max_tokens": int(max_tokens)}, "seed": int(seed)})
 
-    def accuracy(step: int, model) -> np.ndarray:
-        ref = publisher.publish(unwrap(model), step)
-        rewards = validation(evaluator, {"policy": ref}, problems, eval_cfg)["policy"]  # (n,) per problem
-        return np.nan_to_num(np.asarray(rewards, dtype=float))  # as essa train: NaN = wrong
+    def accuracy(step: int, model, final: bool = False) -> dict[str, np.ndarray]:
+        conds = {"policy": publisher.publish(unwrap(model), step)}
+        if final and sft_ref is not None:
+            conds["sft"] = sft_ref
+        per_problem = validation(evaluator, conds, problems, eval_cfg)  # condition -> (n,) per problem
+        return {c: np.nan_to_num(np.asarray(r, dtype=float)) for c, r in per_problem.items()}  # NaN = wrong
     return accuracy
 
 
@@ -561,7 +572,7 @@ def _run_logger_class():
                 control.should_training_stop = True
             every = run.cfg.grpo.eval_every
             if control.should_training_stop or (every and step % every == 0):
-                run.validate(step, kwargs["model"])
+                run.validate(step, kwargs["model"], final=control.should_training_stop)
             return control
 
         def on_log(self, args, state, control, logs=None, **kwargs):
@@ -575,8 +586,9 @@ def _run_logger_class():
 class _Run:
     """The state one ``essa grpo`` run logs to: clock, validation rows, metrics rows.
 
-    ``accuracy(step, model) -> (n,) rewards`` scores the policy after ``step`` optimiser steps on each
-    held-out problem (:func:`vllm_accuracy_fn` or :func:`transformers_accuracy_fn`); the rows go to
+    ``accuracy(step, model, final) -> {condition: (n,) rewards}`` scores the policy after ``step``
+    optimiser steps on each held-out problem, and on the vllm path at the final step the SFT adapter
+    beside it (:func:`vllm_accuracy_fn` or :func:`transformers_accuracy_fn`); the rows go to
     ``validation.parquet`` (accuracy) and ``validation_problems.parquet`` (per problem), as in essa train.
     """
 
@@ -592,23 +604,28 @@ class _Run:
     def clock(self) -> float:
         return time.perf_counter() - self.t_start
 
-    def validate(self, step: int, model, conditions: tuple[str, ...] = ("policy",)) -> float:
+    def validate(self, step: int, model, conditions: tuple[str, ...] = ("policy",), final: bool = False) -> float:
+        """Score the policy after ``step`` steps and log it under each of ``conditions`` (at step 0 the
+        policy is the SFT adapter: ``("sft", "policy")``); ``final`` also logs what the accuracy function
+        scores beside it (the vllm path's ``sft``). Returns the policy's accuracy (a fraction)."""
         t0 = time.perf_counter()
-        rewards = self.accuracy(step, model)  # (n,)
-        acc = float(np.mean(rewards)) if len(rewards) else float("nan")
+        scored = self.accuracy(step, model, final)  # condition -> (n,)
+        rows = {c: scored["policy"] for c in conditions} | {c: r for c, r in scored.items() if c != "policy"}
         self.eval_s += time.perf_counter() - t0
         wall = self.clock()
-        for cond in conditions:
+        for cond, rewards in rows.items():
+            acc = float(np.mean(rewards)) if len(rewards) else float("nan")
             self.vrows.append({"step": step, "wall_s": wall, "condition": cond, "accuracy": acc,
                                "n_problems": len(self.task.val), "method": self.method})
             self.prows.extend({"step": step, "condition": cond, "problem_id": p.id, "reward": float(x)}
                               for p, x in zip(self.task.val, rewards))
+            log.info("validation step %d: %s accuracy %.3f (%d problems, %.1f s, wall %.1f s)", step,
+                     cond, acc, len(self.task.val), time.perf_counter() - t0, wall)
         io.write_parquet(self.run_dir / "validation.parquet", self.vrows)
         io.write_parquet(self.run_dir / VALIDATION_PROBLEMS, self.prows)
-        log.info("validation step %d: %s accuracy %.3f (%d problems, %.1f s, wall %.1f s)", step,
-                 "/".join(conditions), acc, len(self.task.val), time.perf_counter() - t0, wall)
         self.last_validated = step
-        return acc
+        policy = scored["policy"]
+        return float(np.mean(policy)) if len(policy) else float("nan")
 
     def add_metrics(self, step: int, wall: float, eval_s: float, logs: dict) -> None:
         """One metrics row: TRL's logs of ``step``; ``wall`` and ``eval_s`` (validation seconds so far,
@@ -652,7 +669,9 @@ def main(cfg, run_dir: str | Path) -> dict:
         run_dir: Hydra's run directory.
 
     Returns:
-        ``{"method", "accuracy" (final policy), "sft_accuracy", "steps", "wall_s", "run_dir", "adapter"}``.
+        ``{"method", "accuracy" (final policy), "sft_accuracy" (the paired test's control: the SFT
+        adapter scored in the final validation call on the vllm path, at step 0 on the transformers
+        path), "steps", "wall_s", "run_dir", "adapter"}``.
 
     Raises:
         ConfigError / ValueError / FileNotFoundError: bad configuration, input, or TRL version (one line).
@@ -747,8 +766,10 @@ def main(cfg, run_dir: str | Path) -> dict:
     run_meta["dtype"] = dtype_record(cfg.model.dtype, dtype, dtype_reason)  # the policy's (vLLM resolves auto itself)
     io.write_json(run_dir / "run.json", run_meta)
     if vllm:
+        from .backends import AdapterRef, lora_int_id  # generation -1: fixed adapters, as essa train's SFT
+
         accuracy = vllm_accuracy_fn(evaluator, publisher, trainer.accelerator.unwrap_model, task.val,
-                                    g.eval_max_tokens, cfg.seed)
+                                    g.eval_max_tokens, cfg.seed, AdapterRef("sft", lora_int_id(-1, 0), str(sft_dir)))
     else:
         accuracy = transformers_accuracy_fn(tokenizer, task.val, cfg, MathReward(**reward_kwargs))
     run = _Run(cfg, run_dir, t_start, method, task, accuracy)
@@ -759,11 +780,11 @@ def main(cfg, run_dir: str | Path) -> dict:
              f" (importance sampling {is_mode}, cap {g.importance_sampling_cap})" if vllm else "")
 
     try:
-        sft_acc = run.validate(0, trainer.model, conditions=("sft", "policy"))
+        run.validate(0, trainer.model, conditions=("sft", "policy"))
         trainer.train()
         step = trainer.state.global_step
         if run.last_validated != step:
-            run.validate(step, trainer.model)
+            run.validate(step, trainer.model, final=True)
         adapter = _save_adapter(trainer.accelerator.unwrap_model(trainer.model), run_dir / "adapters" / "final")
     finally:
         for closable in (evaluator, publisher, backend):
@@ -771,9 +792,10 @@ def main(cfg, run_dir: str | Path) -> dict:
                 closable.close()
     shutil.rmtree(run_dir / "trainer", ignore_errors=True)
 
-    final = run.vrows[-1]["accuracy"]
     wall = run.clock()
-    stats = summarise_conditions(latest_per_problem(run.prows))  # sft (step 0) and policy (last step)
+    # policy at the last step; sft from the same final call (vllm path) or step 0 (transformers path)
+    stats = summarise_conditions(latest_per_problem(run.prows))
+    final, sft_acc = stats["accuracy"]["policy"], stats["accuracy"]["sft"]
     print(format_summary(stats, task.name))
     summary = {"method": method, "accuracy": final, "sft_accuracy": sft_acc, "steps": step, "wall_s": wall,
                "val": stats["accuracy"], "val_ci95": stats["ci"], "paired_vs_sft": stats["paired"],

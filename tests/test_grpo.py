@@ -122,13 +122,13 @@ def test_time_budget_stops_training_and_validates():
     validated = []
     clock = iter([5.0, 12.0])
     run = types.SimpleNamespace(cfg=compose("grpo.time_budget_s=10", "grpo.eval_every=0"), clock=lambda: next(clock),
-                                eval_s=0.0, validate=lambda step, model: validated.append(step))
+                                eval_s=0.0, validate=lambda step, model, final: validated.append((step, final)))
     cb = _run_logger_class()(run)
     for step, expect_stop in ((1, False), (2, True)):
         control = types.SimpleNamespace(should_training_stop=False)
         cb.on_step_end(None, types.SimpleNamespace(global_step=step), control, model=None)
         assert control.should_training_stop is expect_stop
-    assert validated == [2]  # eval_every=0: only when stopping
+    assert validated == [(2, True)]  # eval_every=0: only when stopping, as the final validation
 
 
 def run_tiny_grpo(run_dir, *overrides: str) -> subprocess.CompletedProcess:
@@ -164,7 +164,9 @@ def test_tiny_real_run(tmp_path):
 
     val = pq.read_table(run_dir / "validation.parquet").to_pylist()
     assert list(val[0]) == VALIDATION_COLUMNS
-    assert [(r["step"], r["condition"]) for r in val] == [(0, "sft"), (0, "policy"), (1, "policy"), (2, "policy")]
+    # the final call scores the SFT adapter again beside the policy: the paired test's same-call control
+    assert [(r["step"], r["condition"]) for r in val] == [(0, "sft"), (0, "policy"), (1, "policy"), (2, "policy"),
+                                                          (2, "sft")]
     assert all(r["method"] == "f-grpo" and r["n_problems"] == 4 and 0 <= r["accuracy"] <= 1 for r in val)
     assert val[0]["accuracy"] == val[1]["accuracy"]
     walls = [r["wall_s"] for r in val]
@@ -174,7 +176,8 @@ def test_tiny_real_run(tmp_path):
     assert len(prob) == 4 * len(val) and {r["reward"] for r in prob} <= {0.0, 1.0}
     summary = json.loads((run_dir / "summary.json").read_text())
     lo, hi = summary["val_ci95"]["policy"]
-    assert lo <= summary["val"]["policy"] == val[-1]["accuracy"] <= hi
+    assert lo <= summary["val"]["policy"] == val[-2]["accuracy"] == summary["accuracy"] <= hi
+    assert summary["val"]["sft"] == val[-1]["accuracy"] == summary["sft_accuracy"]
     assert summary["paired_vs_sft"]["policy"]["n"] == 4 and 0 <= summary["paired_vs_sft"]["policy"]["p_value"] <= 1
 
     metrics = pq.read_table(run_dir / "metrics.parquet").to_pylist()
