@@ -796,7 +796,8 @@ def main(cfg, run_dir: str | Path) -> dict:
     # policy at the last step; sft from the same final call (vllm path) or step 0 (transformers path)
     stats = summarise_conditions(latest_per_problem(run.prows))
     final, sft_acc = stats["accuracy"]["policy"], stats["accuracy"]["sft"]
-    print(format_summary(stats, task.name))
+    print(format_summary(stats, task.name, control_note="re-scored in the final engine call, beside the policy"
+                         if vllm else "scored at step 0 (transformers' greedy decoding repeats exactly)"))
     summary = {"method": method, "accuracy": final, "sft_accuracy": sft_acc, "steps": step, "wall_s": wall,
                "val": stats["accuracy"], "val_ci95": stats["ci"], "paired_vs_sft": stats["paired"],
                "eval_s": run.eval_s, "n_problems": len(task.val), "task": task.name, "run_dir": str(run_dir),

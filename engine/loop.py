@@ -456,7 +456,9 @@ def _run_train(cfg, run_dir: str | Path, progress: _Progress) -> dict:
     from .stats import format_summary, latest_per_problem, summarise_conditions
 
     stats = summarise_conditions(_ordered(latest_per_problem(prows)))
-    print(format_summary(stats, task.name))
+    same_call = cfg.eval.baselines and final_step > 0
+    print(format_summary(stats, task.name, control_note="re-scored in the final engine call, beside the exports"
+                         if same_call else ""))
     io.write_json(run_dir / "summary.json", {"val": stats["accuracy"], "val_ci95": stats["ci"],
                                              "paired_vs_sft": stats["paired"], "n_problems": len(task.val),
                                              "task": task.name, "generations": final_step,

@@ -208,17 +208,23 @@ def summarise_conditions(per_problem: dict[str, np.ndarray], control: str = "sft
     return {"n_problems": n, "accuracy": acc, "ci": ci, "correct": correct, "paired": paired}
 
 
-def format_summary(summary: dict, task: str, control: str = "sft") -> str:
-    """The final table printed at the end of a run: accuracy, 95 % interval, correct/n, and the
-    paired difference against ``control`` with its McNemar p-value."""
+def format_summary(summary: dict, task: str, control: str = "sft", control_note: str = "") -> str:
+    """The final table printed at the end of a run: accuracy, 95 % Wilson interval, correct/n, and the
+    paired difference against ``control`` with its 95 % interval, b / c (problems only this condition
+    solves / only the control solves) and exact McNemar p-value. ``control_note`` says where the
+    control's row was measured (e.g. "re-scored in the final engine call"); printed after the header."""
     n = summary["n_problems"]
     lines = [f"\nheld-out accuracy on {task} ({n} problems, greedy; 95% Wilson intervals; "
-             f"paired vs {CONDITION_NAMES.get(control, control)}: exact McNemar)",
-             f"{'condition':<28}{'accuracy':>9}  {'95% interval':<15}{'correct':>9}  {'paired diff':>11}  {'p':>7}"]
+             f"paired vs {CONDITION_NAMES.get(control, control)}: exact McNemar)"]
+    if control_note:
+        lines.append(f"{CONDITION_NAMES.get(control, control)}: {control_note}")
+    lines.append(f"{'condition':<28}{'accuracy':>9}  {'95% interval':<15}{'correct':>9}  {'paired diff':>11}  "
+                 f"{'95% interval':<16}  {'b / c':^11} {'p':>7}")
     for cond, a in summary["accuracy"].items():
         lo, hi = summary["ci"][cond]
         pc = summary["paired"].get(cond)
-        extra = f"  {pc['diff']:>+11.3f}  {pc['p_value']:>7.3g}" if pc else ""
+        extra = (f"  {pc['diff']:>+11.3f}  [{pc['ci_low']:+.3f}, {pc['ci_high']:+.3f}]"
+                 f"  {pc['b']:>4d} / {pc['c']:<4d} {pc['p_value']:>7.3g}") if pc else ""
         lines.append(f"{CONDITION_NAMES.get(cond, cond):<28}{a:>9.3f}  [{lo:.3f}, {hi:.3f}]  "
                      f"{summary['correct'][cond]:>5d}/{n:<4d}{extra}")
     return "\n".join(lines)

@@ -106,5 +106,9 @@ def test_summary_from_validation_rows_uses_latest_step_and_pairs_with_sft():
     assert s["accuracy"] == {"sft": 0.5, "mean": 0.75, "best": 0.5}
     assert s["paired"]["mean"]["b"] == 1 and s["paired"]["mean"]["c"] == 0
     assert "sft" not in s["paired"]
-    text = format_summary(s, "demo")
+    text = format_summary(s, "demo", control_note="re-scored in the final engine call")
     assert "after ES (mean genome)" in text and "+0.250" in text
+    mean_row = next(ln for ln in text.splitlines() if ln.startswith("after ES (mean genome)"))
+    lo, hi = s["paired"]["mean"]["ci_low"], s["paired"]["mean"]["ci_high"]
+    assert f"[{lo:+.3f}, {hi:+.3f}]" in mean_row and "1 / 0" in mean_row  # the paired interval and b / c
+    assert "SFT warm start: re-scored in the final engine call" in text
