@@ -89,29 +89,31 @@ def _run(command: str, cfg) -> float | None:
             record_job_failure(run_dir, error_line(e, user_error))
             return None  # not NaN: Optuna 2.10's sweeper crashes on NaN; None makes a failed trial
         if user_error:
-            remove_refused_run_dir(run_dir)
+            remove_refused_run_dir(run_dir, f"{hc.job.name}.log")
             _fail(e)
         raise
     return None
 
 
-def remove_refused_run_dir(run_dir: str | Path) -> bool:
+def remove_refused_run_dir(run_dir: str | Path, job_log: str) -> bool:
     """Remove the run directory Hydra made for a run that was refused before writing anything.
 
-    Only a directory holding nothing but Hydra's ``.hydra/`` and its ``*.log`` files is removed, so
-    a refused run leaves no empty run behind for ``essa report`` or ``resume`` to trip on; anything a
-    run wrote (run.json, checkpoints, adapters) keeps the directory. Returns whether it was removed.
+    Only a directory holding nothing but Hydra's ``.hydra/`` (config.yaml, hydra.yaml,
+    overrides.yaml) and the job's log ``job_log`` is removed, so a refused run leaves no empty run
+    behind for ``essa report`` or ``resume`` to trip on; anything else in it (a run's run.json,
+    checkpoints, adapters, a user's own files) keeps the directory. Returns whether it was removed.
     """
     import shutil
 
     d = Path(run_dir)
     try:
-        entries = list(d.iterdir())
+        entries = {p.name for p in d.iterdir()}
+        hydra_files = {p.name for p in (d / ".hydra").iterdir()} if (d / ".hydra").is_dir() else None
     except OSError:
         return False
-    if not any(p.name == ".hydra" for p in entries):
+    if hydra_files is None or not hydra_files <= {"config.yaml", "hydra.yaml", "overrides.yaml"}:
         return False
-    if not all(p.name == ".hydra" or (p.is_file() and p.suffix == ".log") for p in entries):
+    if not entries <= {".hydra", job_log} or not (d / job_log).is_file() and job_log in entries:
         return False
     shutil.rmtree(d, ignore_errors=True)
     return not d.exists()

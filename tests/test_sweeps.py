@@ -199,13 +199,20 @@ def test_a_refused_run_dir_is_removed_only_when_it_holds_nothing_but_hydra_files
     (refused / ".hydra").mkdir(parents=True)
     (refused / ".hydra" / "config.yaml").write_text("seed: 0\n")
     (refused / "cli.log").write_text("")
-    assert remove_refused_run_dir(refused) and not refused.exists()
+    assert remove_refused_run_dir(refused, "cli.log") and not refused.exists()
     kept = tmp_path / "kept"  # a run that wrote something keeps its directory
     (kept / ".hydra").mkdir(parents=True)
     (kept / "run.json").write_text("{}")
-    assert not remove_refused_run_dir(kept) and (kept / "run.json").exists()
+    assert not remove_refused_run_dir(kept, "cli.log") and (kept / "run.json").exists()
+    logs = tmp_path / "logs"  # a user's own log files beside a .hydra/: not Hydra's job log, kept
+    (logs / ".hydra").mkdir(parents=True)
+    (logs / "notes.log").write_text("x")
+    assert not remove_refused_run_dir(logs, "cli.log") and (logs / "notes.log").exists()
+    extra = tmp_path / "extra"  # something else inside .hydra/: kept
+    (extra / ".hydra").mkdir(parents=True)
+    (extra / ".hydra" / "mine.txt").write_text("x")
+    assert not remove_refused_run_dir(extra, "cli.log") and (extra / ".hydra" / "mine.txt").exists()
     plain = tmp_path / "plain"  # not a Hydra run dir (no .hydra/): never touched
     plain.mkdir()
-    (plain / "notes.log").write_text("x")
-    assert not remove_refused_run_dir(plain) and (plain / "notes.log").exists()
-    assert not remove_refused_run_dir(tmp_path / "missing")
+    assert not remove_refused_run_dir(plain, "cli.log") and plain.exists()
+    assert not remove_refused_run_dir(tmp_path / "missing", "cli.log")
