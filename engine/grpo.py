@@ -604,10 +604,10 @@ class _Run:
     def clock(self) -> float:
         return time.perf_counter() - self.t_start
 
-    def validate(self, step: int, model, conditions: tuple[str, ...] = ("policy",), final: bool = False) -> float:
+    def validate(self, step: int, model, conditions: tuple[str, ...] = ("policy",), final: bool = False) -> None:
         """Score the policy after ``step`` steps and log it under each of ``conditions`` (at step 0 the
         policy is the SFT adapter: ``("sft", "policy")``); ``final`` also logs what the accuracy function
-        scores beside it (the vllm path's ``sft``). Returns the policy's accuracy (a fraction)."""
+        scores beside it (the vllm path's ``sft``)."""
         t0 = time.perf_counter()
         scored = self.accuracy(step, model, final)  # condition -> (n,)
         rows = {c: scored["policy"] for c in conditions} | {c: r for c, r in scored.items() if c != "policy"}
@@ -624,8 +624,6 @@ class _Run:
         io.write_parquet(self.run_dir / "validation.parquet", self.vrows)
         io.write_parquet(self.run_dir / VALIDATION_PROBLEMS, self.prows)
         self.last_validated = step
-        policy = scored["policy"]
-        return float(np.mean(policy)) if len(policy) else float("nan")
 
     def add_metrics(self, step: int, wall: float, eval_s: float, logs: dict) -> None:
         """One metrics row: TRL's logs of ``step``; ``wall`` and ``eval_s`` (validation seconds so far,
@@ -766,10 +764,10 @@ def main(cfg, run_dir: str | Path) -> dict:
     run_meta["dtype"] = dtype_record(cfg.model.dtype, dtype, dtype_reason)  # the policy's (vLLM resolves auto itself)
     io.write_json(run_dir / "run.json", run_meta)
     if vllm:
-        from .backends import AdapterRef, lora_int_id  # generation -1: fixed adapters, as essa train's SFT
+        from .backends import sft_adapter_ref
 
         accuracy = vllm_accuracy_fn(evaluator, publisher, trainer.accelerator.unwrap_model, task.val,
-                                    g.eval_max_tokens, cfg.seed, AdapterRef("sft", lora_int_id(-1, 0), str(sft_dir)))
+                                    g.eval_max_tokens, cfg.seed, sft_adapter_ref(sft_dir))
     else:
         accuracy = transformers_accuracy_fn(tokenizer, task.val, cfg, MathReward(**reward_kwargs))
     run = _Run(cfg, run_dir, t_start, method, task, accuracy)

@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 
 from . import interrupts, io
 from .adapters import read_adapter, write_adapter
-from .backends import AdapterRef, Sampling, lora_int_id
+from .backends import AdapterRef, Sampling, lora_int_id, sft_adapter_ref
 from .config import ConfigError, validate
 from .hardware import dtype_record, resolve_dtype
 from .model import resolve_model_path, serving_model_path
@@ -355,7 +355,7 @@ def _run_train(cfg, run_dir: str | Path, progress: _Progress) -> dict:
     meta = AdapterMeta(cfg.lora.rank, cfg.lora.alpha, tuple(cfg.lora.target_modules), model_path)
     evaluator = build_evaluator(cfg, serve_path, codec, meta, tokenizer)
     progress.evaluator = evaluator
-    sft_ref = AdapterRef("sft", lora_int_id(-1, 0), str(sft_dir))
+    sft_ref = sft_adapter_ref(sft_dir)
     sampling_for = lambda g: Sampling(max_tokens=cfg.rollout.max_tokens, temperature=cfg.rollout.temperature,  # noqa: E731
                                       top_p=cfg.rollout.top_p, n=cfg.rollout.samples_per_prompt,
                                       seed=cfg.seed * 1_000_003 + g * 10_007)

@@ -32,6 +32,13 @@ class AdapterRef:
     path: str
 
 
+def sft_adapter_ref(sft_dir) -> AdapterRef:
+    """The SFT warm start as served for validation: condition ``sft``, the reserved id of generation -1,
+    candidate 0 (the same in ``essa train`` and ``essa grpo``, so one engine never serves two adapters
+    under it)."""
+    return AdapterRef("sft", lora_int_id(-1, 0), str(sft_dir))
+
+
 @dataclass
 class Completion:
     """One generated completion: its text and its length in tokens.
