@@ -226,6 +226,7 @@ class TrainConfig:
     seed: int = 0
     generations: int = 10
     time_budget_s: Optional[float] = None  # stop after the first generation that ends past this (s)
+    deadline_s: Optional[float] = None  # whole command's wall clock (s): start a generation only if it fits
     resume: Optional[str] = None
     label: Optional[str] = None
     report: bool = True
@@ -263,6 +264,8 @@ def validate(cfg) -> None:
         raise ConfigError(f"generations={cfg.generations}: must be >= 0")
     if cfg.time_budget_s is not None and not cfg.time_budget_s > 0:
         raise ConfigError(f"time_budget_s={cfg.time_budget_s}: must be > 0 seconds, or null for no budget")
+    if cfg.deadline_s is not None and not cfg.deadline_s > 0:
+        raise ConfigError(f"deadline_s={cfg.deadline_s}: must be > 0 seconds, or null for no deadline")
     r = cfg.rollout
     if r.prompts_per_generation < 1 or r.samples_per_prompt < 1 or r.max_tokens < 1:
         raise ConfigError("rollout.prompts_per_generation, rollout.samples_per_prompt and rollout.max_tokens must be >= 1")

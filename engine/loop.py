@@ -218,6 +218,25 @@ def periodic_validation_due(g: int, cfg, wall_s: float) -> bool:
     return bool(not last and cfg.eval.every and (g + 1) % cfg.eval.every == 0)
 
 
+def deadline_allows(cfg, g: int, elapsed_s: float, generation_s: float, tokens_per_completion: float,
+                    tokens_per_s: float, n_val: int) -> bool:
+    """Whether generation ``g`` may start under ``cfg.deadline_s`` (seconds since the command started).
+
+    The projection: this invocation's slowest generation so far (``generation_s``), plus the
+    held-out validations still to come: the periodic one due after ``g`` (the mean genome) and the
+    final call (the SFT warm start when ``eval.baselines``, the mean and the best genome). A
+    validation condition is priced from the last generation: ``n_val`` problems x
+    ``tokens_per_completion`` (capped at ``eval.max_tokens``) / ``tokens_per_s``. Why: ``make run``
+    must end within its wall-clock limit on a slow CPU too (issue 10: fp32 on AVX2 generates ~160
+    tok/s against ~650 with native bf16), and the final table is what the user waits for.
+    """
+    if cfg.deadline_s is None:
+        return True
+    conditions = int(bool(cfg.eval.baselines)) + 2 + int(periodic_validation_due(g, cfg, 0.0))
+    val_s = conditions * n_val * min(tokens_per_completion, cfg.eval.max_tokens) / max(tokens_per_s, 1e-9)
+    return elapsed_s + generation_s + val_s <= cfg.deadline_s
+
+
 @dataclass
 class _Progress:
     """What an interrupted run reports: its directory, the generation of the checkpoint on disk
@@ -286,6 +305,7 @@ def _run_train(cfg, run_dir: str | Path, progress: _Progress) -> dict:
     """:func:`run_train`'s body; records in ``progress`` what an interrupt message needs."""
     from strategies.genomes import make_genome
 
+    t_command = time.perf_counter()  # deadline_s counts from here, the warm start included
     validate(cfg)
     run_dir = Path(cfg.resume) if cfg.resume else Path(run_dir)
     progress.run_dir = run_dir
@@ -396,8 +416,18 @@ def _run_train(cfg, run_dir: str | Path, progress: _Progress) -> dict:
                        validation(evaluator, {"mean": mean_ref(state.generation)}, task.val, cfg))
         evaluator.release(state.generation)
         save_checkpoint()
+    stopped_by = "generations"
+    slowest_s, last = 0.0, None  # this invocation's slowest generation (s) and its result, for deadline_s
     for g in range(state.generation + 1, cfg.generations):
         t0 = time.perf_counter()
+        if last is not None and not deadline_allows(cfg, g, t0 - t_command, slowest_s,
+                                                    last.tokens / max(len(last.rollouts["candidate"]), 1),
+                                                    metrics[-1]["tokens_per_s"], len(task.val)):
+            log.info("deadline_s %.0f: stopping before generation %d of %d (%.0f s elapsed; a generation takes "
+                     "%.0f s, then the final validation); deadline_s=null runs every generation",
+                     cfg.deadline_s, g + 1, cfg.generations, t0 - t_command, slowest_s)
+            stopped_by = "deadline_s"
+            break
         genomes = strategy.ask()  # (P, D)
         t_ask = time.perf_counter() - t0
         batch = minibatch(task.train, cfg.rollout.prompts_per_generation, cfg.seed, g)
@@ -426,6 +456,7 @@ def _run_train(cfg, run_dir: str | Path, progress: _Progress) -> dict:
                  row["tokens"], row["tokens_per_s"], row["t_generate"])
         state.generation = g
         save_checkpoint()  # right after the generation's logs: an interrupted validation loses nothing
+        last, slowest_s = result, max(slowest_s, time.perf_counter() - t0)
         # decided on the checkpoint's clock, so a resume can tell whether this validation was due
         over = cfg.time_budget_s is not None and state.wall_s >= cfg.time_budget_s
         if periodic_validation_due(g, cfg, state.wall_s):
@@ -433,6 +464,7 @@ def _run_train(cfg, run_dir: str | Path, progress: _Progress) -> dict:
             evaluator.release(g)
             save_checkpoint()  # again, so the clock includes the validation
         if over:
+            stopped_by = "time_budget_s"
             log.info("time budget %.0f s reached after generation %d (%.1f s)", cfg.time_budget_s, g,
                      time.perf_counter() - t_start)
             break
@@ -461,7 +493,7 @@ def _run_train(cfg, run_dir: str | Path, progress: _Progress) -> dict:
                          if same_call else ""))
     io.write_json(run_dir / "summary.json", {"val": stats["accuracy"], "val_ci95": stats["ci"],
                                              "paired_vs_sft": stats["paired"], "n_problems": len(task.val),
-                                             "task": task.name, "generations": final_step,
+                                             "task": task.name, "generations": final_step, "stopped_by": stopped_by,
                                              "wall_s": time.perf_counter() - t_start})
     if cfg.report:
         try:

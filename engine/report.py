@@ -17,6 +17,7 @@ Figures (matplotlib, Agg; a figure whose data no run has is skipped, and report.
 | ``val_accuracy_wallclock.png`` | wall-clock seconds since the run started | held-out accuracy per condition |
 | ``passk.png`` | k (log2) | pass@k of each evaluated condition (Chen et al. 2021 estimator) |
 | ``throughput.png`` | generation | generated tokens per second of generate time |
+| ``paired_gain.png`` | accuracy difference | after ES (mean, best) minus the SFT warm start on the same held-out problems, 95 % interval and McNemar p (summary.json) |
 
 ``essa report multirun/<time>`` (one Hydra sweep directory) prints one table of all its jobs
 (overrides, status, final accuracy of the mean genome with its 95 % interval when summary.json has
@@ -46,7 +47,7 @@ from . import io
 
 log = logging.getLogger("essa.report")
 
-RUN_FILES = ("run.json", "metrics.parquet", "validation.parquet", "eval_summary.json")
+RUN_FILES = ("run.json", "metrics.parquet", "validation.parquet", "eval_summary.json", "summary.json")
 CONDITION_ORDER = ("no_adapter", "sft", "mean", "best")
 CONDITION_STYLE = {  # marker, linestyle per validation condition
     "no_adapter": ("x", ":"), "sft": ("s", ":"), "mean": ("o", "-"), "best": ("*", "--"),
@@ -59,6 +60,7 @@ FIGURES = {  # file stem -> title (also the Markdown caption)
     "val_accuracy_wallclock": "Held-out accuracy against wall-clock time",
     "passk": "pass@k (unbiased estimator)",
     "throughput": "Generation throughput",
+    "paired_gain": "Gain over the SFT warm start on the same problems (95 % interval)",
 }
 
 
@@ -74,6 +76,7 @@ class RunData:
         metrics: metrics.parquet rows (one per generation, sorted).
         validation: validation.parquet rows (sorted by step).
         evals: (eval directory, eval_summary.json dict) pairs.
+        summary: summary.json of a finished train / grpo run ({} when absent).
     """
 
     path: Path
@@ -83,6 +86,7 @@ class RunData:
     metrics: list[dict] = field(default_factory=list)
     validation: list[dict] = field(default_factory=list)
     evals: list[tuple[Path, dict]] = field(default_factory=list)
+    summary: dict = field(default_factory=dict)
 
 
 def _eval_dirs(path: Path) -> list[Path]:
@@ -128,7 +132,8 @@ def load_run(path: str | Path) -> RunData:
     metrics = sorted(_read_parquet(path / "metrics.parquet"), key=lambda r: r.get("generation", 0))
     validation = sorted(_read_parquet(path / "validation.parquet"),
                         key=lambda r: (r.get("step", 0), r.get("wall_s", 0)))
-    return RunData(path, str(label), str(meta.get("method", "")), meta, metrics, validation, summaries)
+    summary = _read_json(path / "summary.json") if (path / "summary.json").is_file() else {}
+    return RunData(path, str(label), str(meta.get("method", "")), meta, metrics, validation, summaries, summary)
 
 
 def _col(rows: list[dict], key: str) -> np.ndarray:
@@ -326,6 +331,28 @@ def fig_passk(runs, labels, colors):
     return _finish(fig, ax)
 
 
+def fig_paired_gain(runs, labels, colors):
+    """One row per run and condition of summary.json's ``paired_vs_sft``: the accuracy difference
+    against the SFT warm start on the same problems, with its 95 % interval and exact McNemar p
+    (engine/stats.py). A run helps where its whole interval lies right of 0 (issue 11's test)."""
+    rows = [(lab, c, cond, st) for r, lab, c in zip(runs, labels, colors)
+            for cond, st in (r.summary.get("paired_vs_sft") or {}).items()
+            if isinstance(st, dict) and {"diff", "ci_low", "ci_high"} <= st.keys()]
+    if not rows:
+        return None
+    fig, ax = _new_axes(FIGURES["paired_gain"], "accuracy difference against the SFT warm start", "")
+    for i, (lab, c, cond, st) in enumerate(rows):  # first row on top, legend in the same order
+        marker = CONDITION_STYLE.get(cond, ("d", "-."))[0]
+        p = st.get("p_value")
+        ax.errorbar([st["diff"]], [len(rows) - 1 - i], xerr=[[st["diff"] - st["ci_low"]], [st["ci_high"] - st["diff"]]],
+                    fmt=marker, color=c, capsize=3, markersize=8 if marker == "*" else 5,
+                    label=f"{lab}: {cond}" + (f" (p {p:.2g}, n {st.get('n')})" if p is not None else ""))
+    ax.axvline(0.0, color="grey", linewidth=0.8)
+    ax.set_yticks([])
+    ax.set_ylim(-0.7, len(rows) - 0.3)
+    return _finish(fig, ax)
+
+
 FIGURE_BUILDERS: dict[str, Callable] = {
     "fitness": fig_fitness,
     "signal": fig_signal,
@@ -334,6 +361,7 @@ FIGURE_BUILDERS: dict[str, Callable] = {
     "val_accuracy_wallclock": fig_val_wallclock,
     "passk": fig_passk,
     "throughput": fig_throughput,
+    "paired_gain": fig_paired_gain,
 }
 
 
@@ -418,6 +446,7 @@ SKIP_REASONS = {
     "fitness": "no fitness_mean in metrics.parquet (an ES run's)", "signal": "no split_half_rho in metrics.parquet", "sigma": "no sigma in metrics.parquet",
     "val_accuracy_generation": "no validation.parquet", "val_accuracy_wallclock": "no validation.parquet",
     "passk": "no eval_summary.json with n > 1", "throughput": "no tokens_per_s in metrics.parquet",
+    "paired_gain": "no summary.json with paired_vs_sft (a finished run with eval.baselines)",
 }
 
 

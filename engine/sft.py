@@ -56,6 +56,13 @@ def sft_examples(problems: list[Problem], sft_cfg) -> list[Problem]:
     return usable[: sft_cfg.max_steps * sft_cfg.batch_size]
 
 
+def sft_rows(problems: list[Problem], system_prompt: str) -> list[dict]:
+    """TRL conversational prompt/completion rows of ``problems``: the chat prompt (system prompt +
+    question) and the worked solution as the assistant's completion (the loss covers it only)."""
+    return [{"prompt": chat_messages(p.question, system_prompt),
+             "completion": [{"role": "assistant", "content": p.solution}]} for p in problems]
+
+
 def warm_start(model_path: str, problems: list[Problem], sft_cfg, lora_cfg, system_prompt: str,
                out_dir: str | Path | None = None, dtype: str | None = None) -> Path:
     """Return a PEFT adapter directory holding the warm-start LoRA (trained or cached).
@@ -118,8 +125,7 @@ def _train(model_path, examples, sft_cfg, lora_cfg, system_prompt, out: Path, dt
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    rows = [{"prompt": chat_messages(p.question, system_prompt),
-             "completion": [{"role": "assistant", "content": p.solution}]} for p in examples]
+    rows = sft_rows(examples, system_prompt)
     args = SFTConfig(
         output_dir=str(out / "trainer"), max_steps=sft_cfg.max_steps, per_device_train_batch_size=sft_cfg.batch_size,
         learning_rate=sft_cfg.lr, lr_scheduler_type="constant", warmup_steps=0, max_length=sft_cfg.max_length,

@@ -86,6 +86,8 @@ def test_typos_and_wrong_types_fail_at_compose(override, error):
     ("reward.timeout_s=0", "reward.timeout_s"),
     ("reward.timeout_s=nan", "reward.timeout_s"),
     ("strategy.genome.alpha=0.1", "strategy.genome.alpha=0.1 gives floor(alpha * r) = 0"),
+    ("deadline_s=0", "deadline_s"),
+    ("deadline_s=-5", "deadline_s"),
 ])
 def test_validate_names_the_field(override, field):
     cfg = train_cfg(override)
@@ -93,6 +95,24 @@ def test_validate_names_the_field(override, field):
         validate(cfg)
     msg = str(e.value)
     assert field in msg and "\n" not in msg
+
+
+def test_deadline_prices_the_next_generation_and_the_validations_still_due():
+    """deadline_allows (issue 10): generation + remaining validations (1 condition = 500 problems x
+    40 tokens / 400 tok/s = 50 s) must end by deadline_s; the final call has sft, mean and best."""
+    from engine.loop import deadline_allows
+
+    cfg = train_cfg("deadline_s=1000", "eval.every=5", "eval.max_tokens=96", "generations=10")
+    args = dict(generation_s=100.0, tokens_per_completion=40.0, tokens_per_s=400.0, n_val=500)
+    assert deadline_allows(cfg, 2, elapsed_s=750.0, **args)       # 750 + 100 + 3 x 50 = 1000
+    assert not deadline_allows(cfg, 2, elapsed_s=751.0, **args)
+    assert not deadline_allows(cfg, 4, elapsed_s=750.0, **args)   # after generation 4 the step-5 validation is due
+    assert deadline_allows(cfg, 4, elapsed_s=700.0, **args)
+    no_baselines = train_cfg("deadline_s=1000", "eval.every=0", "eval.baselines=false")
+    assert deadline_allows(no_baselines, 2, elapsed_s=800.0, **args)  # mean + best only
+    capped = train_cfg("deadline_s=1000", "eval.every=0", "eval.max_tokens=20")
+    assert deadline_allows(capped, 2, elapsed_s=800.0, **{**args, "tokens_per_completion": 96.0})  # 3 x 25 s
+    assert deadline_allows(train_cfg("eval.every=0"), 2, elapsed_s=1e9, **args)  # null: no deadline
 
 
 def test_max_model_len_names_eval_max_tokens():

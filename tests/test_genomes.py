@@ -203,3 +203,19 @@ def test_benchmark_decode(capsys):
     with capsys.disabled():
         svd_ms, lora_ms = result["svd_lora_s"] * 1e3, result["lora_s"] * 1e3
         print(f"\n  decode_batch P=16: svd_lora {svd_ms:.0f} ms, lora {lora_ms:.0f} ms")
+
+
+@pytest.mark.parametrize("alpha,mode", [(0.125, "relative"), (1.0, "relative"), (0.5, "additive")])
+def test_capacity_tool_decodes_like_the_codec_and_carries_gradients(lora, alpha, mode):
+    """tools/genome_capacity.py's differentiable decode (the gradient oracle of issue 11) must be the
+    genome ESSA searches: the same factors as SVDLoRAGenome.decode for any x, and a gradient in x."""
+    from tools.genome_capacity import TorchSVDDecode
+
+    codec = make_genome("svd_lora", lora, alpha=alpha, mode=mode)
+    decode = TorchSVDDecode(codec, torch.device("cpu"))
+    x = np.random.default_rng(3).normal(0.0, 0.5, codec.dim).astype(np.float32)
+    xt = torch.tensor(x, requires_grad=True)
+    got = decode(xt)
+    assert_lora_close({k: got[k].detach() for k in codec.keys}, codec.decode(x))
+    sum(f.square().sum() for f in got.values()).backward()
+    assert xt.grad is not None and xt.grad.abs().sum() > 0

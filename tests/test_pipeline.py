@@ -172,7 +172,23 @@ def test_time_budget_stops_after_first_generation(tmp_path: Path):
     conds = {(v["step"], v["condition"]) for v in pq.read_table(run / "validation.parquet").to_pylist()}
     assert conds == {(1, "mean"), (1, "best")}
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["generations"] == 1 and summary["wall_s"] > 0
+    assert summary["generations"] == 1 and summary["wall_s"] > 0 and summary["stopped_by"] == "time_budget_s"
+    assert (run / "adapters" / "mean" / "adapter_model.safetensors").exists()
+
+
+def test_deadline_stops_before_a_generation_that_would_not_fit(tmp_path: Path):
+    """deadline_s (make run's wall-clock limit, issue 10): the first generation always runs; the
+    next one would end past a 1-second deadline, so the run validates and exports after one."""
+    import json
+
+    run = tmp_path / "deadline"
+    proc = essa(run, "generations=50", "deadline_s=1", "eval.baselines=false", "report=false")
+    out = finish(proc)
+    assert proc.returncode == 0, out[-3000:]
+    assert "deadline_s 1: stopping before generation 2 of 50" in out
+    assert [m["generation"] for m in pq.read_table(run / "metrics.parquet").to_pylist()] == [0]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["generations"] == 1 and summary["stopped_by"] == "deadline_s"
     assert (run / "adapters" / "mean" / "adapter_model.safetensors").exists()
 
 

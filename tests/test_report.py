@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -175,3 +176,22 @@ def test_cli_unwritable_out_names_the_argument(tmp_path, capsys):
             cli([str(FIXTURE), "--out", out])
         err = capsys.readouterr().err.strip()
         assert e.value.code == 2 and err.startswith(f"essa: error: --out {out}:") and "\n" not in err
+
+
+def test_paired_gain_draws_each_runs_difference_with_its_interval(tmp_path):
+    """paired_gain.png (issue 11): one error bar per run and condition of summary.json's paired_vs_sft,
+    centred on the difference, spanning its 95 % interval; skipped when no run has it."""
+    run = tmp_path / "es_run"
+    shutil.copytree(FIXTURE, run)
+    paired = {"mean": {"diff": 0.04, "ci_low": 0.01, "ci_high": 0.07, "b": 40, "c": 20, "n": 500, "p_value": 0.013},
+              "best": {"diff": -0.01, "ci_low": -0.04, "ci_high": 0.02, "b": 20, "c": 25, "n": 500, "p_value": 0.55}}
+    (run / "summary.json").write_text(json.dumps({"val": {}, "paired_vs_sft": paired}))
+    fig = build_figures([load_run(run), load_run(FIXTURE)])["paired_gain"]
+    ax = fig.axes[0]
+    centres = [tuple(line.get_xydata()[0]) for line in ax.lines if line.get_marker() in ("o", "*")]  # not the caps
+    assert centres == [(0.04, 1.0), (-0.01, 0.0)]          # mean on top, then best; the fixture has no summary
+    spans = sorted(tuple(np.round(seg[:, 0], 6)) for coll in ax.collections for seg in coll.get_segments())
+    assert spans == [(-0.04, 0.02), (0.01, 0.07)]
+    legend = [" ".join(t.split()) for t in legend_texts(fig)]
+    assert [t.split(": ")[-1] for t in legend] == ["mean (p 0.013, n 500)", "best (p 0.55, n 500)"]
+    assert "paired_gain" not in build_figures([load_run(FIXTURE)])
