@@ -220,10 +220,12 @@ def periodic_validation_due(g: int, cfg, wall_s: float) -> bool:
 
 def deadline_allows(cfg, g: int, elapsed_s: float, generation_s: float, tokens_per_completion: float,
                     tokens_per_s: float, n_val: int) -> bool:
-    """Whether generation ``g`` may start under ``cfg.deadline_s`` (seconds since the command started).
+    """Whether generation ``g`` may run under ``cfg.deadline_s``, decided right after generation
+    ``g - 1`` ended, ``elapsed_s`` seconds after the command started.
 
     The projection: this invocation's slowest generation so far (``generation_s``), plus the
-    held-out validations still to come: the periodic one due after ``g`` (the mean genome) and the
+    held-out validations still to come: the periodic ones due after ``g - 1`` (not run yet: it is
+    skipped when the run stops, the final call covers it) and after ``g`` (the mean genome), and the
     final call (the SFT warm start when ``eval.baselines``, the mean and the best genome). A
     validation condition is priced from the last generation: ``n_val`` problems x
     ``tokens_per_completion`` (capped at ``eval.max_tokens``) / ``tokens_per_s``. Why: ``make run``
@@ -232,7 +234,8 @@ def deadline_allows(cfg, g: int, elapsed_s: float, generation_s: float, tokens_p
     """
     if cfg.deadline_s is None:
         return True
-    conditions = int(bool(cfg.eval.baselines)) + 2 + int(periodic_validation_due(g, cfg, 0.0))
+    periodic = int(g > 0 and periodic_validation_due(g - 1, cfg, 0.0)) + int(periodic_validation_due(g, cfg, 0.0))
+    conditions = int(bool(cfg.eval.baselines)) + 2 + periodic
     val_s = conditions * n_val * min(tokens_per_completion, cfg.eval.max_tokens) / max(tokens_per_s, 1e-9)
     return elapsed_s + generation_s + val_s <= cfg.deadline_s
 
@@ -417,17 +420,9 @@ def _run_train(cfg, run_dir: str | Path, progress: _Progress) -> dict:
         evaluator.release(state.generation)
         save_checkpoint()
     stopped_by = "generations"
-    slowest_s, last = 0.0, None  # this invocation's slowest generation (s) and its result, for deadline_s
+    slowest_s = 0.0  # this invocation's slowest generation (s), for deadline_s
     for g in range(state.generation + 1, cfg.generations):
         t0 = time.perf_counter()
-        if last is not None and not deadline_allows(cfg, g, t0 - t_command, slowest_s,
-                                                    last.tokens / max(len(last.rollouts["candidate"]), 1),
-                                                    metrics[-1]["tokens_per_s"], len(task.val)):
-            log.info("deadline_s %.0f: stopping before generation %d of %d (%.0f s elapsed; a generation takes "
-                     "%.0f s, then the final validation); deadline_s=null runs every generation",
-                     cfg.deadline_s, g + 1, cfg.generations, t0 - t_command, slowest_s)
-            stopped_by = "deadline_s"
-            break
         genomes = strategy.ask()  # (P, D)
         t_ask = time.perf_counter() - t0
         batch = minibatch(task.train, cfg.rollout.prompts_per_generation, cfg.seed, g)
@@ -456,9 +451,19 @@ def _run_train(cfg, run_dir: str | Path, progress: _Progress) -> dict:
                  row["tokens"], row["tokens_per_s"], row["t_generate"])
         state.generation = g
         save_checkpoint()  # right after the generation's logs: an interrupted validation loses nothing
-        last, slowest_s = result, max(slowest_s, time.perf_counter() - t0)
+        slowest_s = max(slowest_s, time.perf_counter() - t0)
+        elapsed = time.perf_counter() - t_command
+        deadline = g + 1 < cfg.generations and not deadline_allows(
+            cfg, g + 1, elapsed, slowest_s, result.tokens / max(len(result.rollouts["candidate"]), 1),
+            row["tokens_per_s"], len(task.val))
         # decided on the checkpoint's clock, so a resume can tell whether this validation was due
         over = cfg.time_budget_s is not None and state.wall_s >= cfg.time_budget_s
+        if deadline:  # the final validation covers this step: no periodic one first
+            stopped_by = "deadline_s"
+            log.info("deadline_s %.0f: stopping before generation %d of %d (%.0f s elapsed; a generation takes "
+                     "%.0f s, then the final validation); resume=%s deadline_s=null runs the rest",
+                     cfg.deadline_s, g + 2, cfg.generations, elapsed, slowest_s, run_dir)
+            break
         if periodic_validation_due(g, cfg, state.wall_s):
             add_validation(g + 1, validation(evaluator, {"mean": mean_ref(g)}, task.val, cfg))
             evaluator.release(g)
@@ -491,6 +496,8 @@ def _run_train(cfg, run_dir: str | Path, progress: _Progress) -> dict:
     same_call = cfg.eval.baselines and final_step > 0
     print(format_summary(stats, task.name, control_note="re-scored in the final engine call, beside the exports"
                          if same_call else ""))
+    if stopped_by != "generations":
+        print(f"stopped by {stopped_by} after {final_step} of {cfg.generations} generations")
     io.write_json(run_dir / "summary.json", {"val": stats["accuracy"], "val_ci95": stats["ci"],
                                              "paired_vs_sft": stats["paired"], "n_problems": len(task.val),
                                              "task": task.name, "generations": final_step, "stopped_by": stopped_by,

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 import textwrap
@@ -132,7 +133,12 @@ def load_run(path: str | Path) -> RunData:
     metrics = sorted(_read_parquet(path / "metrics.parquet"), key=lambda r: r.get("generation", 0))
     validation = sorted(_read_parquet(path / "validation.parquet"),
                         key=lambda r: (r.get("step", 0), r.get("wall_s", 0)))
-    summary = _read_json(path / "summary.json") if (path / "summary.json").is_file() else {}
+    summary = {}
+    if (path / "summary.json").is_file():
+        try:  # only the paired-gain figure needs it: a damaged one costs that figure, not the report
+            summary = _read_json(path / "summary.json")
+        except ValueError as e:
+            log.warning("report: %s", e)
     return RunData(path, str(label), str(meta.get("method", "")), meta, metrics, validation, summaries, summary)
 
 
@@ -335,15 +341,20 @@ def fig_paired_gain(runs, labels, colors):
     """One row per run and condition of summary.json's ``paired_vs_sft``: the accuracy difference
     against the SFT warm start on the same problems, with its 95 % interval and exact McNemar p
     (engine/stats.py). A run helps where its whole interval lies right of 0 (issue 11's test)."""
+    def usable(st) -> bool:
+        vals = [st.get(k) for k in ("diff", "ci_low", "ci_high")] if isinstance(st, dict) else [None]
+        return (all(isinstance(v, (int, float)) and math.isfinite(v) for v in vals)
+                and vals[1] <= vals[0] <= vals[2])
+
     rows = [(lab, c, cond, st) for r, lab, c in zip(runs, labels, colors)
-            for cond, st in (r.summary.get("paired_vs_sft") or {}).items()
-            if isinstance(st, dict) and {"diff", "ci_low", "ci_high"} <= st.keys()]
+            for cond, st in (r.summary.get("paired_vs_sft") if isinstance(r.summary.get("paired_vs_sft"), dict)
+                             else {}).items() if usable(st)]
     if not rows:
         return None
     fig, ax = _new_axes(FIGURES["paired_gain"], "accuracy difference against the SFT warm start", "")
     for i, (lab, c, cond, st) in enumerate(rows):  # first row on top, legend in the same order
         marker = CONDITION_STYLE.get(cond, ("d", "-."))[0]
-        p = st.get("p_value")
+        p = st.get("p_value") if isinstance(st.get("p_value"), (int, float)) else None
         ax.errorbar([st["diff"]], [len(rows) - 1 - i], xerr=[[st["diff"] - st["ci_low"]], [st["ci_high"] - st["diff"]]],
                     fmt=marker, color=c, capsize=3, markersize=8 if marker == "*" else 5,
                     label=f"{lab}: {cond}" + (f" (p {p:.2g}, n {st.get('n')})" if p is not None else ""))

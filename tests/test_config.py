@@ -108,6 +108,9 @@ def test_deadline_prices_the_next_generation_and_the_validations_still_due():
     assert not deadline_allows(cfg, 2, elapsed_s=751.0, **args)
     assert not deadline_allows(cfg, 4, elapsed_s=750.0, **args)   # after generation 4 the step-5 validation is due
     assert deadline_allows(cfg, 4, elapsed_s=700.0, **args)
+    assert not deadline_allows(cfg, 5, elapsed_s=701.0, **args)   # the step-5 validation has not run yet
+    assert not deadline_allows(cfg, 3, elapsed_s=751.0, **args)
+    assert deadline_allows(cfg, 5, elapsed_s=700.0, **args)
     no_baselines = train_cfg("deadline_s=1000", "eval.every=0", "eval.baselines=false")
     assert deadline_allows(no_baselines, 2, elapsed_s=800.0, **args)  # mean + best only
     capped = train_cfg("deadline_s=1000", "eval.every=0", "eval.max_tokens=20")

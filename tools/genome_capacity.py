@@ -254,8 +254,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True, help="output directory (adapter/, capacity.json, genome.npy)")
     args = ap.parse_args(argv)
-    if args.steps < 0 or args.batch_size < 1:
-        ap.error("--steps must be >= 0 and --batch-size >= 1")
+    if args.steps < 0 or args.batch_size < 1 or args.eval_size < 0 or args.rows < 0:
+        ap.error("--steps, --eval-size and --rows must be >= 0 and --batch-size >= 1")
+    if args.alpha is not None and not 0 < args.alpha <= 1:
+        ap.error(f"--alpha {args.alpha}: must be in (0, 1] (the searched fraction of each factor's singular values)")
+    if args.sft_dir is not None and not (Path(args.sft_dir) / "adapter_config.json").is_file():
+        ap.error(f"--sft-dir {args.sft_dir}: not a PEFT adapter directory (no adapter_config.json)")
+    if Path(args.out).exists() and (not Path(args.out).is_dir() or any(Path(args.out).iterdir())):
+        ap.error(f"--out {args.out}: exists and is not an empty directory; pass a new one (nothing is overwritten)")
 
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -439,5 +445,14 @@ def _fmt(v) -> str:
 
 
 if __name__ == "__main__":
+    import sys
+
+    from engine.config import ConfigError
+
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(name)s] %(message)s", datefmt="%H:%M:%S")
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        sys.exit("\ntools/genome_capacity.py: interrupted; capacity.json holds the steps done so far (no adapter/)")
+    except (ConfigError, ValueError, OSError) as e:
+        sys.exit(f"tools/genome_capacity.py: error: {e}")
