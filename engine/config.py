@@ -188,6 +188,9 @@ class RolloutConfig:
     aggregate: rewards (P, N, G) -> fitness (P,): ``mean`` (ESSA §3.3) or ``question_z`` (each
       prompt's rewards z-scored across the population before averaging, EGGROLL arXiv 2511.16652,
       so prompts every candidate solves or fails carry no weight). Logged fitness is always the mean.
+    common_seeds: at temperature > 0, every candidate (and the centre) samples a prompt with the same
+      seed, so fitness differences come from the weights, not the sampling noise (common random
+      numbers; ``Sampling.common_seeds``). False: each (candidate, prompt) request draws its own.
     """
 
     prompts_per_generation: int = 16
@@ -197,6 +200,7 @@ class RolloutConfig:
     top_p: float = 1.0
     center: bool = True
     aggregate: str = "mean"
+    common_seeds: bool = True
 
 
 @dataclass

@@ -381,7 +381,7 @@ def _run_train(cfg, run_dir: str | Path, progress: _Progress) -> dict:
     sft_ref = sft_adapter_ref(sft_dir)
     sampling_for = lambda g: Sampling(max_tokens=cfg.rollout.max_tokens, temperature=cfg.rollout.temperature,  # noqa: E731
                                       top_p=cfg.rollout.top_p, n=cfg.rollout.samples_per_prompt,
-                                      seed=cfg.seed * 1_000_003 + g * 10_007)
+                                      seed=cfg.seed * 1_000_003 + g * 10_007, common_seeds=cfg.rollout.common_seeds)
     metrics = io.read_rows(run_dir / "metrics.parquet")
     vrows = io.read_rows(run_dir / "validation.parquet")
     prows = io.read_rows(run_dir / VALIDATION_PROBLEMS)

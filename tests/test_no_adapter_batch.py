@@ -145,6 +145,29 @@ def test_backend_splits_mixed_batches_only_when_the_engine_cannot_guarantee(plan
     assert len(be.llm.calls) == 2
 
 
+def test_common_seeds_give_a_prompt_one_seed_under_every_adapter():
+    """Sampling.common_seeds: the seed follows the prompt, not the request's place in the batch, so
+    every candidate (and the centre) draws the same random numbers for a prompt; chunks of a batch
+    (Ray) keep it; greedy requests get no seed."""
+    pytest.importorskip("vllm")
+    from engine.backends.vllm_local import VLLMBackend
+
+    be = object.__new__(VLLMBackend)
+    be.llm, be.no_adapter = _FakeLLM(), "mask"
+    a, b = AdapterRef("a", lora_int_id(0, 0), "/x"), AdapterRef("b", lora_int_id(0, 1), "/y")
+    prompts = ["p0", "p1", "p2"]
+    common = Sampling(max_tokens=4, temperature=1.0, seed=7, common_seeds=True)
+    be.generate(prompts * 2, [a] * 3 + [b] * 3, common)
+    seeds = [seed for _, _, seed in be.llm.calls[-1]]
+    assert seeds[:3] == seeds[3:] and len(set(seeds[:3])) == 3   # per prompt, shared across adapters
+    assert common.shifted(3) is common and [common.request_seed(i, p) for i, p in enumerate(prompts)] == seeds[:3]
+    own = Sampling(max_tokens=4, temperature=1.0, seed=7)
+    be.generate(prompts * 2, [a] * 3 + [b] * 3, own)
+    assert [seed for _, _, seed in be.llm.calls[-1]] == [7 + i for i in range(6)]
+    assert own.shifted(3).request_seed(0, "p0") == own.request_seed(3, "p0")
+    assert Sampling(temperature=0.0, common_seeds=True).request_seed(0, "p0") is None
+
+
 # ----------------------------------------------------------------------------- integration tier
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
@@ -218,3 +241,29 @@ def test_no_adapter_rows_are_the_base_model(setup, backend, fast, caplog):
                                 f"adapter were not served by the base model:\n{mixed_base}\n!=\n{base}")
     if backend == "local":  # the engine says at start how it keeps such requests on the base model
         assert "requests without an adapter:" in caplog.text
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_common_seeds_make_equal_weights_sample_equal_completions(setup):
+    """With real vLLM at temperature 1: the same adapter served as two candidates (two ids) samples
+    the same completion for every prompt when the seeds are common, and other completions when each
+    request draws its own seed; so under common seeds candidates differ only by their weights."""
+    from engine.loop import build_evaluator
+
+    s = setup
+    twin = AdapterRef("twin", lora_int_id(-1, 1), s["adapter"].path)
+    ev = build_evaluator(_cfg("local", True), s["model"], None, s["meta"], s["tokenizer"])
+    try:
+        texts = {}
+        for common in (True, False):
+            sampling = Sampling(max_tokens=MAX_TOKENS, temperature=1.0, n=1, seed=3, common_seeds=common)
+            _, comps, *_ = ev.score([s["adapter"], twin], s["problems"], sampling)
+            texts[common] = [[out[0].text for out in rows] for rows in comps]
+    finally:
+        ev.backend.close()
+        ev.close()
+    first, second = texts[True]
+    assert all(first) and first == second
+    first, second = texts[False]
+    assert sum(x != y for x, y in zip(first, second)) >= N_PROMPTS - 1

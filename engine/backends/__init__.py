@@ -5,6 +5,8 @@ request, so a whole population is served by one multi-LoRA ``generate`` call (ES
 """
 from __future__ import annotations
 
+import dataclasses
+import zlib
 from dataclasses import dataclass
 
 # vLLM does not check that LoRA ids are unique per adapter path: an id reused for another adapter
@@ -72,6 +74,11 @@ class Sampling:
         seed: base seed; request i uses seed + i so results do not depend on batch order.
         logprobs: also return sampled token ids, their log-probabilities and the prompt's token
             ids in every ``Completion`` (GRPO rollouts).
+        common_seeds: request i uses seed + crc32(prompt) instead, so every adapter that answers the
+            same prompt draws the same random numbers (common random numbers: at temperature > 0 the
+            candidates of a generation differ by their weights, not by their dice, and the centre
+            is a paired control; the standard variance reduction for comparing stochastic
+            simulations, as OpenAI-ES's shared noise seeds, arXiv 1703.03864 §2.1).
     """
 
     max_tokens: int = 256
@@ -80,3 +87,15 @@ class Sampling:
     n: int = 1
     seed: int = 0
     logprobs: bool = False
+    common_seeds: bool = False
+
+    def request_seed(self, i: int, prompt: str) -> int | None:
+        """Seed of request ``i`` of a batch (None when greedy: nothing is drawn)."""
+        if self.temperature == 0:
+            return None
+        return self.seed + (zlib.crc32(prompt.encode()) if self.common_seeds else i)
+
+    def shifted(self, i0: int) -> "Sampling":
+        """Settings for a chunk of a batch that starts at request ``i0``: each of its requests gets the
+        seed it has in the whole batch (a back-end that splits one batch across engines)."""
+        return self if self.common_seeds else dataclasses.replace(self, seed=self.seed + i0)

@@ -10,7 +10,7 @@ worker serves its own candidates and only tiny messages cross the network. Here:
   wrapped in a :class:`~engine.population.PopulationEvaluator`, decodes its shard locally, writes
   the adapters on its own node and serves the shard as ONE multi-LoRA batch;
 * shards are contiguous and balanced (sizes differ by at most one candidate); shard k of a
-  generation uses sampling seed ``seed + first_candidate_k x N``, the seed its requests get in the
+  generation uses ``sampling.shifted(first_candidate_k x N)``, the seeds its requests get in the
   local engine's single batch. Greedy results equal those of an engine with the actors' setup
   (in-process engine core, ``cpus_per_actor`` cores) serving the same shards, checked by
   tests/test_ray_backend.py; a local run (one batch, every core) can differ in a few near-tie greedy
@@ -34,7 +34,6 @@ adapters need not be in the codec's image.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import fcntl
 import logging
 import math
@@ -297,7 +296,7 @@ class EvaluatorActor:
             pairs: R (a, n) index pairs into ``adapters`` / ``problems``.
             adapters: A entries, each None (base model) or ``(AdapterRef, ObjectRef of file bytes)``.
             problems: N problems.
-            sampling: settings; request i uses seed ``sampling.seed + i``.
+            sampling: settings; request i's seed is ``sampling.request_seed(i, prompt)``.
 
         Returns:
             (rewards (R, G), completions R lists of G Completion, extracted, status (R*G), stats).
@@ -557,7 +556,7 @@ class RayPopulationEvaluator:
 
         def submit(actor, s):
             a, b = shards[s]
-            shard_sampling = dataclasses.replace(sampling, seed=sampling.seed + a * N)  # local batch's seeds
+            shard_sampling = sampling.shifted(a * N)  # local batch's seeds
             return actor.evaluate.remote(genomes[a:b], problems, generation, shard_sampling, first_candidate + a)
 
         def describe(s):
@@ -607,7 +606,7 @@ class RayPopulationEvaluator:
         """Generate for every (adapter, problem) pair and score it, spread over the actors.
 
         The A x N requests are flattened in (adapter, problem) order and cut into balanced contiguous
-        chunks, one per actor; chunk starting at request i0 uses seed ``sampling.seed + i0``, so every
+        chunks, one per actor; chunk starting at request i0 uses ``sampling.shifted(i0)``, so every
         request gets the seed it has in the local engine's single batch. Adapter files are read on
         the driver and shipped as bytes (one ``ray.put`` each).
 
@@ -625,7 +624,7 @@ class RayPopulationEvaluator:
         def submit(actor, s):
             i0, i1 = chunks[s]
             return actor.score_pairs.remote(pairs[i0:i1], payload, problems,
-                                            dataclasses.replace(sampling, seed=sampling.seed + i0))
+                                            sampling.shifted(i0))
 
         out = self._dispatch(submit, len(chunks), "validation", lambda s: f"requests {chunks[s][0]}-{chunks[s][1] - 1}")
         rewards = np.full((A * N, G), np.nan)

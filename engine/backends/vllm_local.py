@@ -160,9 +160,9 @@ class VLLMBackend:
             raise ValueError(f"{len(prompts)} prompts but {len(adapters)} adapters")
         params = [SamplingParams(max_tokens=sampling.max_tokens, temperature=sampling.temperature,
                                  top_p=sampling.top_p, n=sampling.n,
-                                 seed=None if sampling.temperature == 0 else sampling.seed + i,
+                                 seed=sampling.request_seed(i, prompt),
                                  logprobs=0 if sampling.logprobs else None)  # 0: the sampled token only
-                  for i in range(len(prompts))]
+                  for i, prompt in enumerate(prompts)]
         loras = [None if a is None else LoRARequest(a.name, a.lora_int_id, a.path) for a in adapters]
         outs = self._generate(list(prompts), params, loras, use_tqdm)
         if not sampling.logprobs:
