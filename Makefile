@@ -6,7 +6,7 @@ ESSA := $(VENV)/bin/essa
 ARGS ?=
 # make run's wall-clock limit (s, from the start of `essa train`, warm start included): a generation
 # starts only when it and the remaining validations fit (engine/loop.py::deadline_allows), so the demo
-# ends within 30 minutes on a slow CPU too (fp32 on AVX2). DEADLINE_S=null runs every generation.
+# ends within 30 minutes on a slow CPU too (fp32 on AVX2). DEADLINE_S=null (or empty) runs every generation.
 DEADLINE_S ?= 1680
 PYTEST_ARGS ?=
 
@@ -17,7 +17,7 @@ setup:
 	@$(ESSA) prepare-model >/dev/null
 
 run: setup
-	$(ESSA) train deadline_s=$(DEADLINE_S) $(ARGS)
+	$(ESSA) train deadline_s=$(or $(DEADLINE_S),null) $(ARGS)
 
 test: setup
 	$(PY) -m pytest -q -rs $(PYTEST_ARGS) tests

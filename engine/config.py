@@ -239,6 +239,17 @@ class TrainConfig:
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
+# overrides that steer a run's execution, not what it trains: left out of its label
+RUN_CONTROL_OVERRIDES = ("hydra", "resume=", "deadline_s=", "report=", "label=")
+
+
+def run_label(method: str, label: str | None, overrides: list[str]) -> str:
+    """A run's name in reports: ``label`` when set, else the method and the Hydra overrides that shape
+    the training (``essa train seed=1 strategy.genome.alpha=1`` -> ``"essa seed=1
+    strategy.genome.alpha=1"``), without the run-control ones (``RUN_CONTROL_OVERRIDES``)."""
+    return label or " ".join([method] + [o for o in overrides if not o.lstrip("+~").startswith(RUN_CONTROL_OVERRIDES)])
+
+
 def validate(cfg) -> None:
     """Cross-field checks of a composed TrainConfig.
 

@@ -93,7 +93,7 @@ import torch
 
 from . import io
 from .config import (ConfigError, LoRAConfig, ModelConfig, RewardConfig, SFTConfig, TaskConfig,
-                     check_context, check_lora, check_reward, check_sampling, check_sft)
+                     check_context, check_lora, check_reward, check_sampling, check_sft, run_label)
 from .prompts import chat_messages
 from .stats import VALIDATION_PROBLEMS, format_summary, latest_per_problem, summarise_conditions
 
@@ -815,7 +815,7 @@ def _run_meta(cfg, method: str, model_path: str, sft_dir, trl_version: str, gene
         overrides = list(HydraConfig.get().overrides.task)
     except Exception:  # noqa: BLE001 - not under Hydra (tests)
         pass
-    label = cfg.label or " ".join([method] + [o for o in overrides if not o.startswith("hydra")])
+    label = run_label(method, cfg.label, overrides)
     return {"method": method, "label": label, "overrides": overrides, "model": cfg.model.path,
             "model_path": model_path, "task": cfg.task.name, "seed": cfg.seed, "focal_gamma": cfg.grpo.focal_gamma,
             "num_generations": cfg.grpo.num_generations, "sft_adapter": str(sft_dir), "trl_version": trl_version,

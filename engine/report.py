@@ -156,8 +156,8 @@ def _unique_labels(runs: list[RunData]) -> list[str]:
 
 def _colors(n: int) -> list:
     from matplotlib import colormaps
-    cmap = colormaps["tab10"]
-    return [cmap(i % 10) for i in range(n)]
+    cmap = colormaps["tab10" if n <= 10 else "tab20"]  # tab20 keeps up to 20 runs apart
+    return [cmap(i % cmap.N) for i in range(n)]
 
 
 def _new_axes(title: str, xlabel: str, ylabel: str):

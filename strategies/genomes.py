@@ -295,13 +295,50 @@ class SVDLoRAGenome(GenomeCodec):
             (P, F, r) float64, F factors in canonical order; entries k..r-1 are frozen.
         """
         genomes = self._check_batch(genomes)
-        off = genomes.reshape(len(genomes), len(self.keys), self.k)  # (P, F, k)
-        s = np.broadcast_to(self.s, (len(genomes), *self.s.shape)).copy()  # (P, F, r)
-        if self.mode == "additive":
-            s[..., : self.k] += off
+        return self.apply_offsets(genomes.reshape(len(genomes), len(self.keys), self.k))
+
+    def apply_offsets(self, offsets):
+        """Singular values s' from genome offsets: s_top + x (additive) or s_top (1 + x) (relative).
+
+        Args:
+            offsets: (..., F, k) float64, a numpy array or a torch tensor (differentiable in it).
+
+        Returns:
+            (..., F, r) float64 of the same type; entries k..r-1 are the frozen reference values.
+        """
+        if isinstance(offsets, torch.Tensor):
+            ref = torch.from_numpy(self.s).to(offsets.device).expand(*offsets.shape[:-1], -1)
+            cat = torch.cat
         else:
-            s[..., : self.k] *= 1.0 + off
-        return s
+            ref = np.broadcast_to(self.s, (*offsets.shape[:-1], self.s.shape[1]))
+            cat = np.concatenate
+        top = ref[..., : self.k]
+        top = top + offsets if self.mode == "additive" else top * (1.0 + offsets)
+        return cat([top, ref[..., self.k:]], -1)
+
+    def compose(self, s: torch.Tensor) -> list[LoRAState]:
+        """LoRA factors W' = U diag(s') V^T on the frozen bases, differentiable in s' (the gradient
+        oracle of tools/genome_capacity.py backpropagates through it).
+
+        Args:
+            s: (P, F, r) float32 singular values (:meth:`apply_offsets`), on any device.
+
+        Returns:
+            P dicts {PEFT key: (rows, cols) float32 on s's device} in canonical key order; the tensors
+            are views of one batched product per factor shape.
+        """
+        out: list[LoRAState] = [{} for _ in range(len(s))]
+        for idx, u, vh, scale_right in self._groups:
+            u, vh = u.to(s.device), vh.to(s.device)
+            sg = s[:, torch.from_numpy(idx).to(s.device)]  # (P, G, r)
+            if scale_right:
+                w = u @ (sg[..., None] * vh)  # (G, m, r) @ (P, G, r, n) -> (P, G, m, n)
+            else:
+                w = (u * sg[:, :, None, :]) @ vh  # (P, G, m, r) @ (G, r, n) -> (P, G, m, n)
+            keys = [self.keys[i] for i in idx]
+            for d, wp in zip(out, w.unbind(0)):
+                d.update(zip(keys, wp.unbind(0)))
+        return [{key: d[key] for key in self.keys} for d in out]
 
     def decode_batch(self, genomes: np.ndarray) -> list[LoRAState]:
         """Decode genomes into LoRA states: W' = U diag(s') V^T per factor.
@@ -318,17 +355,7 @@ class SVDLoRAGenome(GenomeCodec):
         """
         # offsets are applied in float64, the products run in float32 (the adapter's dtype; 3x faster)
         s = torch.from_numpy(self.singular_values(genomes)).to(torch.float32)  # (P, F, r)
-        out: list[LoRAState] = [{} for _ in range(len(s))]
-        for idx, u, vh, scale_right in self._groups:
-            sg = s[:, idx]  # (P, G, r)
-            if scale_right:
-                w = u @ (sg[..., None] * vh)  # (G, m, r) @ (P, G, r, n) -> (P, G, m, n)
-            else:
-                w = (u * sg[:, :, None, :]) @ vh  # (P, G, m, r) @ (G, r, n) -> (P, G, m, n)
-            keys = [self.keys[i] for i in idx]
-            for d, wp in zip(out, w.unbind(0)):
-                d.update(zip(keys, (t.clone() for t in wp.unbind(0))))
-        return [{key: d[key] for key in self.keys} for d in out]
+        return [{key: w.clone() for key, w in d.items()} for d in self.compose(s)]
 
     def encode(self, lora: LoRAState) -> np.ndarray:
         """Genome of ``lora``: s' = diag(U^T W V) on the frozen bases, then the offsets.

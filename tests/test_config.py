@@ -4,7 +4,6 @@ from __future__ import annotations
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
-from omegaconf.errors import ConfigKeyError, ValidationError
 
 from engine.cli import CONF_DIR
 from engine.config import ConfigError, register_configs, validate
@@ -305,3 +304,14 @@ def test_resuming_a_finished_run_stops_unless_generations_was_raised(tmp_path, m
     monkeypatch.setattr(loop, "resolve_model_path", stop)
     with pytest.raises(PastTheCheck):
         run_train(train_cfg(f"resume={tmp_path}", "generations=3"), tmp_path)
+
+
+def test_run_label_keeps_what_shapes_training_and_drops_run_control():
+    from engine.config import run_label
+
+    overrides = ["seed=1", "strategy.genome.alpha=1", "deadline_s=1680", "resume=/r", "report=false",
+                 "hydra.run.dir=/x", "+strategy.options.cma_options.CMA_mirrors=8"]
+    assert run_label("essa", None, overrides) == "essa seed=1 strategy.genome.alpha=1 " \
+                                                 "+strategy.options.cma_options.CMA_mirrors=8"
+    assert run_label("essa", "mine", overrides) == "mine"
+    assert run_label("grpo", None, []) == "grpo"

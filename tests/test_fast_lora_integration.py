@@ -36,7 +36,7 @@ def serve(fast: bool, out_json: str, adapter_dir: str) -> None:
     from transformers import AutoConfig
 
     from engine.adapters import write_adapter
-    from engine.backends import AdapterRef, Sampling
+    from engine.backends import AdapterRef
     from engine.backends.vllm_local import VLLMBackend
     from engine.model import resolve_model_path
     from tests.helpers import random_lora

@@ -23,7 +23,6 @@ the plugin switch, the plan table, and the back-end's split of a mixed batch on 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import pytest
 

@@ -107,31 +107,16 @@ def resolve_sft_dir(cfg, model_path: str, train) -> Path:
 # --- differentiable decode ---------------------------------------------------------------------
 
 class TorchSVDDecode:
-    """``SVDLoRAGenome.decode`` for one genome, in torch and differentiable in x.
-
-    Uses the codec's own frozen bases and reference singular values (``codec.s``, ``codec._groups``:
-    the factors grouped by shape, with U (G, m, r), V^T (G, r, n) float32) and repeats its arithmetic:
-    offsets applied in float64, products in float32, U (s V^T) for A factors and (U s) V^T for B.
-    """
+    """``SVDLoRAGenome.decode`` for one genome, in torch and differentiable in x: the codec's own
+    ``apply_offsets`` (float64) and ``compose`` (float32 products on the frozen bases)."""
 
     def __init__(self, codec, device: torch.device) -> None:
-        self.keys, self.k, self.mode = list(codec.keys), codec.k, codec.mode
-        self.s_ref = torch.from_numpy(codec.s).to(device)  # (F, r) float64
-        self.groups = [(torch.as_tensor(idx, device=device), u.to(device), vh.to(device), right)
-                       for idx, u, vh, right in codec._groups]
+        self.codec, self.device = codec, device
 
     def __call__(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """Factors {PEFT key: (rows, cols) float32} of genome x (D,)."""
-        off = x.to(torch.float64).view(len(self.keys), self.k)
-        top = self.s_ref[:, : self.k]
-        top = top + off if self.mode == "additive" else top * (1.0 + off)
-        s = torch.cat([top, self.s_ref[:, self.k:]], dim=1).to(torch.float32)  # (F, r)
-        out = {}
-        for idx, u, vh, scale_right in self.groups:
-            sg = s[idx]  # (G, r)
-            w = u @ (sg[..., None] * vh) if scale_right else (u * sg[:, None, :]) @ vh
-            out.update(zip((self.keys[i] for i in idx.tolist()), w.unbind(0)))
-        return out
+        off = x.to(self.device, torch.float64).view(len(self.codec.keys), self.codec.k)
+        return self.codec.compose(self.codec.apply_offsets(off)[None].to(torch.float32))[0]
 
 
 def lora_module_name(key: str, adapter: str = "default") -> str:
