@@ -190,7 +190,7 @@ class RolloutConfig:
       so prompts every candidate solves or fails carry no weight). Logged fitness is always the mean.
     common_seeds: at temperature > 0, every candidate (and the centre) samples a prompt with the same
       seed, so fitness differences come from the weights, not the sampling noise (common random
-      numbers; ``Sampling.common_seeds``). False: each (candidate, prompt) request draws its own.
+      numbers; ``Sampling.common_seeds``). False: (candidate, prompt) request i gets seed + i.
     """
 
     prompts_per_generation: int = 16

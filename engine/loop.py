@@ -82,8 +82,24 @@ def config_diff(old: dict, new: dict, prefix: str = "") -> list[tuple[str, objec
     return out
 
 
-def _resume_mismatch(ckpt: dict, cfg, run_dir: Path) -> str:
-    """One line naming the RESUME_KEYS fields that differ from the checkpointed run, and the fix."""
+def _added_with_default(field: str, value) -> bool:
+    """Whether ``field`` (dotted) has ``value`` as its schema default (engine/config.py TrainConfig):
+    a field a newer version added, at the value that reproduces the older version's behaviour."""
+    from .config import TrainConfig
+    try:
+        default = OmegaConf.select(OmegaConf.structured(TrainConfig), field, throw_on_missing=True)
+    except Exception:  # noqa: BLE001 - not in the schema (a plugin's field) or missing: no default
+        return False
+    default = OmegaConf.to_container(default, resolve=True) if OmegaConf.is_config(default) else default
+    return default is not None and json.dumps(default, sort_keys=True) == json.dumps(value, sort_keys=True, default=str)
+
+
+def _resume_mismatch(ckpt: dict, cfg, run_dir: Path) -> str | None:
+    """None when ``cfg`` may resume the checkpoint (its RESUME_KEYS fields are the checkpointed run's,
+    fields added since by a newer version at their defaults aside), else one line naming the
+    differing fields and the fix."""
+    if ckpt.get("config_key") == config_key(cfg):
+        return None
     old = ckpt.get("config")
     if not isinstance(old, dict):  # checkpoints written before the config was stored: Hydra's copy
         try:
@@ -91,6 +107,8 @@ def _resume_mismatch(ckpt: dict, cfg, run_dir: Path) -> str:
         except Exception:  # noqa: BLE001 - no or unreadable copy: fall back to the generic message
             old = None
     diff = config_diff(old, resume_config(cfg)) if old else []
+    if diff and all(a is _UNSET and _added_with_default(k, b) for k, a, b in diff):
+        return None
     if not diff:
         return (f"resume: the config differs from the checkpointed run in one of {RESUME_KEYS}; "
                 f"resume with the same overrides as {run_dir}/.hydra/overrides.yaml")
@@ -100,7 +118,7 @@ def _resume_mismatch(ckpt: dict, cfg, run_dir: Path) -> str:
 
     shown = "; ".join(f"{k}: {show(a)} in the checkpoint, {show(b)} now" for k, a, b in diff[:5])
     more = f"; and {len(diff) - 5} more" if len(diff) > 5 else ""
-    fix = " ".join(f"{k}={show(a)}" for k, a, _ in diff[:5] if a is not _UNSET)
+    fix = " ".join(f"{k}={show(a)}" if a is not _UNSET else f"{k} at its default" for k, a, _ in diff[:5])
     return (f"resume: the config differs from the checkpointed run in {len(diff)} field(s) ({shown}{more}); "
             f"resume with the checkpoint's values{f' ({fix})' if fix else ''} or start a new run without resume")
 
@@ -319,8 +337,9 @@ def _run_train(cfg, run_dir: str | Path, progress: _Progress) -> dict:
         if not isinstance(ckpt, dict) or ckpt.get("version") != CHECKPOINT_VERSION:
             raise ValueError(f"resume: {run_dir / CHECKPOINT} is not an essa checkpoint (version "
                              f"{ckpt.get('version') if isinstance(ckpt, dict) else '?'}); start afresh without resume")
-        if ckpt.get("config_key") != config_key(cfg):
-            raise ValueError(_resume_mismatch(ckpt, cfg, run_dir))
+        mismatch = _resume_mismatch(ckpt, cfg, run_dir)
+        if mismatch:
+            raise ValueError(mismatch)
         state = ckpt.get("run_state")
         if not isinstance(state, RunState) or not isinstance(ckpt.get("strategy"), dict):
             raise ValueError(f"resume: {run_dir / CHECKPOINT} is incomplete (no run state or strategy state); "

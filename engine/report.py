@@ -156,8 +156,12 @@ def _unique_labels(runs: list[RunData]) -> list[str]:
 
 def _colors(n: int) -> list:
     from matplotlib import colormaps
-    cmap = colormaps["tab10" if n <= 10 else "tab20"]  # tab20 keeps up to 20 runs apart
-    return [cmap(i % cmap.N) for i in range(n)]
+    if n <= 10:
+        return [colormaps["tab10"](i) for i in range(n)]
+    # tab20's dark shades are tab10's hues: runs 1-10 keep them, runs 11-20 take the light shades
+    # (past 20 they repeat; the legend still names every run)
+    order = list(range(0, 20, 2)) + list(range(1, 20, 2))
+    return [colormaps["tab20"](order[i % 20]) for i in range(n)]
 
 
 def _new_axes(title: str, xlabel: str, ylabel: str):

@@ -121,9 +121,12 @@ def split_half_rank_correlation(rewards: np.ndarray) -> float:
 def variance_ratio(rewards: np.ndarray) -> float:
     """Population fitness variance over the variance N prompts give by chance.
 
-    ratio = var_k(f_k) / (f_bar (1 - f_bar) / M), M = scorable completions per candidate; about 1
-    (or below) when candidates differ no more than coin flips at the population's mean accuracy
-    would, well above 1 when they really differ.
+    ratio = var_k(f_k) / (f_bar (1 - f_bar) / M), M = scorable completions per candidate: the spread
+    against what candidates of equal skill with independent coin flips would show. It measures how
+    far apart the candidates are, not whether their ranking is signal: under greedy decoding or
+    common sampling seeds (``rollout.common_seeds``) candidates share their randomness, so small
+    perturbations give ratios well below 1 and a ratio below 1 does not mean noise. The split-half
+    rank correlation (:func:`split_half_rank_correlation`) is the signal measure.
 
     Args:
         rewards: (P, N, G) or (P, N) rewards in [0, 1] (NaN = unscorable).

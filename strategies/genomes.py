@@ -305,7 +305,13 @@ class SVDLoRAGenome(GenomeCodec):
 
         Returns:
             (..., F, r) float64 of the same type; entries k..r-1 are the frozen reference values.
+
+        Raises:
+            ValueError: when the last two dimensions are not (F, k).
         """
+        if tuple(offsets.shape[-2:]) != (len(self.keys), self.k):
+            raise ValueError(f"genome offsets of shape {tuple(offsets.shape)}: expected (..., {len(self.keys)}, "
+                             f"{self.k}) (factors, searched singular values each)")
         if isinstance(offsets, torch.Tensor):
             ref = torch.from_numpy(self.s).to(offsets.device).expand(*offsets.shape[:-1], -1)
             cat = torch.cat
@@ -321,12 +327,14 @@ class SVDLoRAGenome(GenomeCodec):
         oracle of tools/genome_capacity.py backpropagates through it).
 
         Args:
-            s: (P, F, r) float32 singular values (:meth:`apply_offsets`), on any device.
+            s: (P, F, r) singular values (:meth:`apply_offsets`), on any device; the products run in
+                float32 (the adapter's dtype).
 
         Returns:
             P dicts {PEFT key: (rows, cols) float32 on s's device} in canonical key order; the tensors
             are views of one batched product per factor shape.
         """
+        s = s.to(torch.float32)
         out: list[LoRAState] = [{} for _ in range(len(s))]
         for idx, u, vh, scale_right in self._groups:
             u, vh = u.to(s.device), vh.to(s.device)
@@ -354,7 +362,7 @@ class SVDLoRAGenome(GenomeCodec):
             ValueError: on a wrong shape or non-finite entries.
         """
         # offsets are applied in float64, the products run in float32 (the adapter's dtype; 3x faster)
-        s = torch.from_numpy(self.singular_values(genomes)).to(torch.float32)  # (P, F, r)
+        s = torch.from_numpy(self.singular_values(genomes))  # (P, F, r) float64
         return [{key: w.clone() for key, w in d.items()} for d in self.compose(s)]
 
     def encode(self, lora: LoRAState) -> np.ndarray:

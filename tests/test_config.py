@@ -154,6 +154,20 @@ def test_resume_refusal_names_the_differing_fields(tmp_path):
         run_train(train_cfg(f"resume={tmp_path}", "task.val_size=7"), tmp_path)
 
 
+def test_resume_accepts_a_field_added_since_at_its_default(tmp_path):
+    """A checkpoint written before a field existed (here rollout.common_seeds) resumes when the field is
+    at its schema default, and is refused, naming the way out, when it is not."""
+    from engine.loop import _resume_mismatch, resume_config
+    old = resume_config(train_cfg())
+    del old["rollout"]["common_seeds"]
+    ckpt = {"config_key": "written-by-an-older-version", "config": old}
+    assert _resume_mismatch(ckpt, train_cfg(), tmp_path) is None
+    msg = _resume_mismatch(ckpt, train_cfg("rollout.common_seeds=false"), tmp_path)
+    assert "rollout.common_seeds: <unset> in the checkpoint, false now" in msg
+    assert "rollout.common_seeds at its default" in msg
+    assert _resume_mismatch(ckpt, train_cfg("seed=9"), tmp_path) is not None  # other differences still count
+
+
 def test_minibatch_is_fresh_per_generation_and_reproducible():
     train = [Problem(str(i), f"q{i}", str(i)) for i in range(100)]
     b0, b0_again, b1 = minibatch(train, 16, 0, 0), minibatch(train, 16, 0, 0), minibatch(train, 16, 0, 1)

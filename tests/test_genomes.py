@@ -219,3 +219,17 @@ def test_capacity_tool_decodes_like_the_codec_and_carries_gradients(lora, alpha,
     assert_lora_close({k: got[k].detach() for k in codec.keys}, codec.decode(x))
     sum(f.square().sum() for f in got.values()).backward()
     assert xt.grad is not None and xt.grad.abs().sum() > 0
+
+
+def test_apply_offsets_checks_its_shape_and_agrees_across_numpy_and_torch(lora):
+    codec = make_genome("svd_lora", lora, alpha=0.25, mode="relative")
+    F, k = len(codec.keys), codec.k
+    off = np.random.default_rng(0).normal(0.0, 0.3, (2, F, k))
+    s_np = codec.apply_offsets(off)
+    s_t = codec.apply_offsets(torch.from_numpy(off))
+    assert s_np.shape == (2, F, codec.rank) and np.allclose(s_np, s_t.numpy())
+    assert np.array_equal(s_np[..., k:], np.broadcast_to(codec.s[:, k:], (2, F, codec.rank - k)))
+    with pytest.raises(ValueError, match=rf"expected \(\.\.\., {F}, {k}\)"):
+        codec.apply_offsets(np.zeros((F, 1)))
+    factors = codec.compose(codec.apply_offsets(torch.from_numpy(off)))  # float64 in: cast, not an error
+    assert_lora_close(factors[1], codec.decode(off[1].reshape(-1)))

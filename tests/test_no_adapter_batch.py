@@ -159,12 +159,15 @@ def test_common_seeds_give_a_prompt_one_seed_under_every_adapter():
     be.generate(prompts * 2, [a] * 3 + [b] * 3, common)
     seeds = [seed for _, _, seed in be.llm.calls[-1]]
     assert seeds[:3] == seeds[3:] and len(set(seeds[:3])) == 3   # per prompt, shared across adapters
-    assert common.shifted(3) is common and [common.request_seed(i, p) for i, p in enumerate(prompts)] == seeds[:3]
+    assert common.shifted(3) is common and common.request_seeds(prompts, [b] * 3) == seeds[:3]
+    # a text drawn twice for one adapter samples twice; its k-th copy shares seeds across adapters
+    dup = common.request_seeds(["p0", "p0", "p0", "p0"], [a, a, b, b])
+    assert dup[0] != dup[1] and dup[:2] == dup[2:]
     own = Sampling(max_tokens=4, temperature=1.0, seed=7)
     be.generate(prompts * 2, [a] * 3 + [b] * 3, own)
     assert [seed for _, _, seed in be.llm.calls[-1]] == [7 + i for i in range(6)]
-    assert own.shifted(3).request_seed(0, "p0") == own.request_seed(3, "p0")
-    assert Sampling(temperature=0.0, common_seeds=True).request_seed(0, "p0") is None
+    assert own.shifted(3).request_seeds(["p0"], [a]) == own.request_seeds(prompts * 2, [a] * 6)[3:4]
+    assert Sampling(temperature=0.0, common_seeds=True).request_seeds(["p0"], [a]) == [None]
 
 
 # ----------------------------------------------------------------------------- integration tier

@@ -116,7 +116,7 @@ class TorchSVDDecode:
     def __call__(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """Factors {PEFT key: (rows, cols) float32} of genome x (D,)."""
         off = x.to(self.device, torch.float64).view(len(self.codec.keys), self.codec.k)
-        return self.codec.compose(self.codec.apply_offsets(off)[None].to(torch.float32))[0]
+        return self.codec.compose(self.codec.apply_offsets(off)[None])[0]
 
 
 def lora_module_name(key: str, adapter: str = "default") -> str:

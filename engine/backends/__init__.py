@@ -5,8 +5,10 @@ request, so a whole population is served by one multi-LoRA ``generate`` call (ES
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 # vLLM does not check that LoRA ids are unique per adapter path: an id reused for another adapter
@@ -74,8 +76,8 @@ class Sampling:
         seed: base seed; request i uses seed + i so results do not depend on batch order.
         logprobs: also return sampled token ids, their log-probabilities and the prompt's token
             ids in every ``Completion`` (GRPO rollouts).
-        common_seeds: request i uses seed + crc32(prompt) instead, so every adapter that answers the
-            same prompt draws the same random numbers (common random numbers: at temperature > 0 the
+        common_seeds: request i uses seed + crc32(prompt) instead (``request_seeds``), so every
+            adapter that answers the same prompt draws the same random numbers (common random numbers: at temperature > 0 the
             candidates of a generation differ by their weights, not by their dice, and the centre
             is a paired control; the standard variance reduction for comparing stochastic
             simulations, as OpenAI-ES's shared noise seeds, arXiv 1703.03864 §2.1).
@@ -89,11 +91,26 @@ class Sampling:
     logprobs: bool = False
     common_seeds: bool = False
 
-    def request_seed(self, i: int, prompt: str) -> int | None:
-        """Seed of request ``i`` of a batch (None when greedy: nothing is drawn)."""
+    def request_seeds(self, prompts: Sequence[str], adapters: Sequence["AdapterRef | None"]) -> list[int | None]:
+        """Seed of every request of a batch (None when greedy: nothing is drawn).
+
+        Without ``common_seeds`` request i gets seed + i. With it, the k-th request that pairs a prompt
+        text with one adapter gets seed + crc32(prompt) for k = 0 and seed + crc32(prompt, k) after,
+        so a text drawn twice into one minibatch still samples twice; a back-end that cuts one
+        adapter's requests across engines restarts k per engine (evaluation shards keep each
+        candidate's requests together).
+        """
         if self.temperature == 0:
-            return None
-        return self.seed + (zlib.crc32(prompt.encode()) if self.common_seeds else i)
+            return [None] * len(prompts)
+        if not self.common_seeds:
+            return [self.seed + i for i in range(len(prompts))]
+        seen: collections.Counter = collections.Counter()
+        seeds = []
+        for prompt, adapter in zip(prompts, adapters, strict=True):
+            k = seen[(None if adapter is None else adapter.lora_int_id, prompt)]
+            seen[(None if adapter is None else adapter.lora_int_id, prompt)] += 1
+            seeds.append(self.seed + zlib.crc32(prompt.encode() if k == 0 else f"{prompt}\x00{k}".encode()))
+        return seeds
 
     def shifted(self, i0: int) -> "Sampling":
         """Settings for a chunk of a batch that starts at request ``i0``: each of its requests gets the

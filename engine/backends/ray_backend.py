@@ -296,7 +296,7 @@ class EvaluatorActor:
             pairs: R (a, n) index pairs into ``adapters`` / ``problems``.
             adapters: A entries, each None (base model) or ``(AdapterRef, ObjectRef of file bytes)``.
             problems: N problems.
-            sampling: settings; request i's seed is ``sampling.request_seed(i, prompt)``.
+            sampling: settings; the requests' seeds are ``sampling.request_seeds``.
 
         Returns:
             (rewards (R, G), completions R lists of G Completion, extracted, status (R*G), stats).
@@ -539,7 +539,7 @@ class RayPopulationEvaluator:
             genomes: (P, D) float64.
             problems: the generation's minibatch (N problems).
             generation: index used for adapter ids and directories.
-            sampling: decoding settings (G = sampling.n); shard k uses seed + first_k x N.
+            sampling: decoding settings (G = sampling.n); shard k uses ``sampling.shifted(first_k x N)``.
             first_candidate: global index of genomes[0].
             use_tqdm: ignored (actors run without progress bars).
 

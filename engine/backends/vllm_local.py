@@ -159,10 +159,9 @@ class VLLMBackend:
         if len(prompts) != len(adapters):
             raise ValueError(f"{len(prompts)} prompts but {len(adapters)} adapters")
         params = [SamplingParams(max_tokens=sampling.max_tokens, temperature=sampling.temperature,
-                                 top_p=sampling.top_p, n=sampling.n,
-                                 seed=sampling.request_seed(i, prompt),
+                                 top_p=sampling.top_p, n=sampling.n, seed=seed,
                                  logprobs=0 if sampling.logprobs else None)  # 0: the sampled token only
-                  for i, prompt in enumerate(prompts)]
+                  for seed in sampling.request_seeds(prompts, adapters)]
         loras = [None if a is None else LoRARequest(a.name, a.lora_int_id, a.path) for a in adapters]
         outs = self._generate(list(prompts), params, loras, use_tqdm)
         if not sampling.logprobs:
