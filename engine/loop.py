@@ -52,6 +52,15 @@ def minibatch(train: list[Problem], n: int, seed: int, generation: int) -> list[
     return [train[i] for i in idx]
 
 
+def generation_sampling(cfg, generation: int) -> Sampling:
+    """Decoding settings of a generation's rollouts, one for all its candidates and the centre: with
+    ``rollout.common_seeds`` they sample each prompt with the same seeds (a paired comparison); the
+    base seed derives from (seed, generation), so a resumed run draws what an uninterrupted one does."""
+    r = cfg.rollout
+    return Sampling(max_tokens=r.max_tokens, temperature=r.temperature, top_p=r.top_p, n=r.samples_per_prompt,
+                    seed=cfg.seed * 1_000_003 + generation * 10_007, common_seeds=r.common_seeds)
+
+
 def resume_config(cfg) -> dict:
     """The config fields a checkpoint depends on (RESUME_KEYS), resolved to plain Python values
     (those ``cfg`` has: an old run's saved .hydra/config.yaml may lack some)."""
@@ -398,9 +407,6 @@ def _run_train(cfg, run_dir: str | Path, progress: _Progress) -> dict:
     evaluator = build_evaluator(cfg, serve_path, codec, meta, tokenizer)
     progress.evaluator = evaluator
     sft_ref = sft_adapter_ref(sft_dir)
-    sampling_for = lambda g: Sampling(max_tokens=cfg.rollout.max_tokens, temperature=cfg.rollout.temperature,  # noqa: E731
-                                      top_p=cfg.rollout.top_p, n=cfg.rollout.samples_per_prompt,
-                                      seed=cfg.seed * 1_000_003 + g * 10_007, common_seeds=cfg.rollout.common_seeds)
     metrics = io.read_rows(run_dir / "metrics.parquet")
     vrows = io.read_rows(run_dir / "validation.parquet")
     prows = io.read_rows(run_dir / VALIDATION_PROBLEMS)
@@ -447,7 +453,7 @@ def _run_train(cfg, run_dir: str | Path, progress: _Progress) -> dict:
         batch = minibatch(task.train, cfg.rollout.prompts_per_generation, cfg.seed, g)
         # the centre (the mean genome, index P) shares the prompts and sampling seeds: a paired control
         evaluated = np.vstack([genomes, strategy.mean[None, :]]) if cfg.rollout.center else genomes
-        result = evaluator.evaluate(evaluated, batch, g, sampling_for(g))
+        result = evaluator.evaluate(evaluated, batch, g, generation_sampling(cfg, g))
         fit = result.fitness[:P]  # (P,) mean reward of each candidate
         t1 = time.perf_counter()
         if np.isfinite(fit).any():

@@ -329,3 +329,20 @@ def test_run_label_keeps_what_shapes_training_and_drops_run_control():
                                                  "+strategy.options.cma_options.CMA_mirrors=8"
     assert run_label("essa", "mine", overrides) == "mine"
     assert run_label("grpo", None, []) == "grpo"
+
+
+def test_generation_sampling_shares_seeds_between_candidates_and_centre():
+    """The centre (candidate P) is a paired control at temperature > 0 too: one Sampling serves the
+    whole population, and under common seeds a prompt's seed does not depend on the adapter."""
+    from engine.backends import AdapterRef
+    from engine.loop import generation_sampling
+
+    cfg = train_cfg("rollout.temperature=0.8", "rollout.samples_per_prompt=2")
+    s3, s4 = generation_sampling(cfg, 3), generation_sampling(cfg, 4)
+    assert s3.common_seeds and s3.n == 2 and s3.temperature == 0.8 and s3.seed != s4.seed
+    candidates = [AdapterRef(f"c{k}", k + 1, "/x") for k in range(5)]  # 4 candidates + the centre
+    prompts = ["q0", "q1", "q2"]
+    seeds = s3.request_seeds([p for _ in candidates for p in prompts], [a for a in candidates for _ in prompts])
+    assert all(seeds[k * 3:(k + 1) * 3] == seeds[:3] for k in range(5))
+    own = generation_sampling(train_cfg("rollout.temperature=0.8", "rollout.common_seeds=false"), 3)
+    assert len(set(own.request_seeds(prompts * 2, candidates[:2] * 3))) == 6
