@@ -485,9 +485,9 @@ def _run_train(cfg, run_dir: str | Path, progress: _Progress) -> dict:
         over = cfg.time_budget_s is not None and state.wall_s >= cfg.time_budget_s
         if deadline:  # the final validation covers this step: no periodic one first
             stopped_by = "deadline_s"
-            log.info("deadline_s %.0f: stopping before generation %d of %d (%.0f s elapsed; a generation takes "
+            log.info("deadline_s %.0f: stopping after gen %d (%d of %d) (%.0f s elapsed; a generation takes "
                      "%.0f s, then the final validation); resume=%s deadline_s=null runs the rest",
-                     cfg.deadline_s, g + 2, cfg.generations, elapsed, slowest_s, run_dir)
+                     cfg.deadline_s, g, g + 1, cfg.generations, elapsed, slowest_s, run_dir)
             break
         if periodic_validation_due(g, cfg, state.wall_s):
             add_validation(g + 1, validation(evaluator, {"mean": mean_ref(g)}, task.val, cfg))

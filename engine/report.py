@@ -415,7 +415,8 @@ def write_markdown(runs: list[RunData], figures: dict[str, Path], skipped: dict[
     labels = _unique_labels(runs)
     rel = lambda p: os.path.relpath(p, out_dir)  # noqa: E731
     lines = ["# Run report", "", *(preamble or []), "## Runs", "",
-             "| run | method | task | generations | wall time (s) | directory |", "|---|---|---|---|---|---|"]
+             "| run | method | task | generations | wall time after the warm start (s) | directory |",
+             "|---|---|---|---|---|---|"]
     for r, lab in zip(runs, labels):
         gens = len(r.metrics) if r.metrics else "-"
         wall = max([x.get("wall_s") or 0.0 for x in r.metrics + r.validation], default=None)

@@ -230,4 +230,6 @@ def format_summary(summary: dict, task: str, control: str = "sft", control_note:
                  f"  {pc['b']:>4d} / {pc['c']:<4d} {pc['p_value']:>7.3g}") if pc else ""
         lines.append(f"{CONDITION_NAMES.get(cond, cond):<28}{a:>9.3f}  [{lo:.3f}, {hi:.3f}]  "
                      f"{summary['correct'][cond]:>5d}/{n:<4d}{extra}")
+    if summary["paired"]:
+        lines.append(f"b / c: problems only that row solves / only the {CONDITION_NAMES.get(control, control)} solves")
     return "\n".join(lines)

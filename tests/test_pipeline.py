@@ -185,7 +185,7 @@ def test_deadline_stops_before_a_generation_that_would_not_fit(tmp_path: Path):
     proc = essa(run, "generations=50", "deadline_s=1", "eval.baselines=false", "eval.every=1", "report=false")
     out = finish(proc)
     assert proc.returncode == 0, out[-3000:]
-    assert "deadline_s 1: stopping before generation 2 of 50" in out and "stopped by deadline_s after 1 of 50" in out
+    assert "deadline_s 1: stopping after gen 0 (1 of 50)" in out and "stopped by deadline_s after 1 of 50" in out
     assert [m["generation"] for m in pq.read_table(run / "metrics.parquet").to_pylist()] == [0]
     # the periodic validation due after generation 0 is skipped: the final call scores the mean once
     conds = [(v["step"], v["condition"]) for v in pq.read_table(run / "validation.parquet").to_pylist()]

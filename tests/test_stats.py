@@ -112,3 +112,4 @@ def test_summary_from_validation_rows_uses_latest_step_and_pairs_with_sft():
     lo, hi = s["paired"]["mean"]["ci_low"], s["paired"]["mean"]["ci_high"]
     assert f"[{lo:+.3f}, {hi:+.3f}]" in mean_row and "1 / 0" in mean_row  # the paired interval and b / c
     assert "SFT warm start: re-scored in the final engine call" in text
+    assert text.splitlines()[-1] == "b / c: problems only that row solves / only the SFT warm start solves"
