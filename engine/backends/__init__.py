@@ -77,10 +77,10 @@ class Sampling:
         logprobs: also return sampled token ids, their log-probabilities and the prompt's token
             ids in every ``Completion`` (GRPO rollouts).
         common_seeds: request i uses seed + crc32(prompt) instead (``request_seeds``), so every
-            adapter that answers the same prompt draws the same random numbers (common random numbers: at temperature > 0 the
-            candidates of a generation differ by their weights, not by their dice, and the centre
-            is a paired control; the standard variance reduction for comparing stochastic
-            simulations, as OpenAI-ES's shared noise seeds, arXiv 1703.03864 §2.1).
+            adapter that answers the same prompt draws the same random numbers (common random
+            numbers: at temperature > 0 the candidates of a generation differ by their weights, not
+            by their dice, and the centre is a paired control; the standard variance reduction for
+            comparing stochastic simulations, as OpenAI-ES's shared noise seeds, arXiv 1703.03864 §2.1).
     """
 
     max_tokens: int = 256
@@ -107,8 +107,9 @@ class Sampling:
         seen: collections.Counter = collections.Counter()
         seeds = []
         for prompt, adapter in zip(prompts, adapters, strict=True):
-            k = seen[(None if adapter is None else adapter.lora_int_id, prompt)]
-            seen[(None if adapter is None else adapter.lora_int_id, prompt)] += 1
+            key = (None if adapter is None else adapter.lora_int_id, prompt)
+            k = seen[key]
+            seen[key] += 1
             seeds.append(self.seed + zlib.crc32(prompt.encode() if k == 0 else f"{prompt}\x00{k}".encode()))
         return seeds
 
