@@ -243,6 +243,15 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 RUN_CONTROL_OVERRIDES = ("hydra", "resume=", "deadline_s=", "report=", "label=")
 
 
+def hydra_overrides() -> list[str]:
+    """The command line's overrides of the running Hydra job (``[]`` outside Hydra, e.g. in tests)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        return list(HydraConfig.get().overrides.task)
+    except Exception:  # noqa: BLE001 - not under Hydra
+        return []
+
+
 def run_label(method: str, label: str | None, overrides: list[str]) -> str:
     """A run's name in reports: ``label`` when set, else the method and the Hydra overrides that shape
     the training (``essa train seed=1 strategy.genome.alpha=1`` -> ``"essa seed=1

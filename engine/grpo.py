@@ -93,7 +93,7 @@ import torch
 
 from . import io
 from .config import (ConfigError, LoRAConfig, ModelConfig, RewardConfig, SFTConfig, TaskConfig,
-                     check_context, check_lora, check_reward, check_sampling, check_sft, run_label)
+                     check_context, check_lora, check_reward, check_sampling, check_sft, hydra_overrides, run_label)
 from .prompts import chat_messages
 from .stats import VALIDATION_PROBLEMS, format_summary, latest_per_problem, summarise_conditions
 
@@ -809,12 +809,7 @@ def main(cfg, run_dir: str | Path) -> dict:
 def _run_meta(cfg, method: str, model_path: str, sft_dir, trl_version: str, generation: str) -> dict:
     from omegaconf import OmegaConf
 
-    overrides: list[str] = []
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        overrides = list(HydraConfig.get().overrides.task)
-    except Exception:  # noqa: BLE001 - not under Hydra (tests)
-        pass
+    overrides = hydra_overrides()
     label = run_label(method, cfg.label, overrides)
     return {"method": method, "label": label, "overrides": overrides, "model": cfg.model.path,
             "model_path": model_path, "task": cfg.task.name, "seed": cfg.seed, "focal_gamma": cfg.grpo.focal_gamma,

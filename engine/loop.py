@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from . import interrupts, io
 from .adapters import read_adapter, write_adapter
 from .backends import AdapterRef, Sampling, lora_int_id, sft_adapter_ref
-from .config import ConfigError, run_label, validate
+from .config import ConfigError, hydra_overrides, run_label, validate
 from .hardware import dtype_record, resolve_dtype
 from .model import resolve_model_path, serving_model_path
 from .plugins import strategy_class
@@ -543,12 +543,7 @@ def _genome_kwargs(cfg) -> dict:
 
 
 def _run_meta(cfg, method: str, model_path: str, dim: int, sft_dir) -> dict:
-    overrides = []
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        overrides = list(HydraConfig.get().overrides.task)
-    except Exception:  # noqa: BLE001 - not under Hydra (tests)
-        pass
+    overrides = hydra_overrides()
     label = run_label(method, cfg.label, overrides)
     return {"method": method, "label": label, "overrides": overrides, "model": cfg.model.path,
             "model_path": model_path, "task": cfg.task.name, "seed": cfg.seed, "strategy": cfg.strategy.name,

@@ -350,9 +350,12 @@ def fig_paired_gain(runs, labels, colors):
         return (all(isinstance(v, (int, float)) and math.isfinite(v) for v in vals)
                 and vals[1] <= vals[0] <= vals[2])
 
+    def paired(r) -> dict:
+        p = r.summary.get("paired_vs_sft")
+        return p if isinstance(p, dict) else {}
+
     rows = [(lab, c, cond, st) for r, lab, c in zip(runs, labels, colors)
-            for cond, st in (r.summary.get("paired_vs_sft") if isinstance(r.summary.get("paired_vs_sft"), dict)
-                             else {}).items() if usable(st)]
+            for cond, st in paired(r).items() if usable(st)]
     if not rows:
         return None
     fig, ax = _new_axes(FIGURES["paired_gain"], "accuracy difference against the SFT warm start", "")
