@@ -1,20 +1,28 @@
-"""Structured configs: the schema of every Hydra group, registered in Hydra's ConfigStore.
+"""The config base: the schemas of the Hydra groups several commands share, and their checks.
 
-The YAML files in ``conf/`` fill these dataclasses; OmegaConf then rejects a misspelt key or a
-value of the wrong type at start-up (``Key 'popsize' not in 'StrategyConfig'``). Cross-field rules
-live in :func:`validate`, which raises :class:`ConfigError` with a one-line message naming the
-field and the fix.
+The YAML files of ``conf/<group>/`` fill these dataclasses; OmegaConf then rejects a misspelt key or
+a value of the wrong type at start-up (``Key 'popsize' not in 'StrategyConfig'``). Each command
+composes them into its own schema (``engine/commands/<command>_config.py``) and registers it in
+Hydra's ConfigStore. The ``check_*`` functions raise :class:`ConfigError` with a one-line message
+naming the field and the fix; each takes one group (or plain values), never a command's config.
+
+A leaf: imports nothing of the engine, and nothing heavy (no torch), so ``essa <command> --cfg job``
+checks its overrides in about a second.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
-import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+"""The Hydra config tree (``conf/<command>.yaml`` and its groups); the one place that names it."""
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The ``max_lora_rank`` values vLLM accepts (``vllm/config/lora.py``); the one copy of that list."""
 
 
 class ConfigError(ValueError):
@@ -177,152 +185,6 @@ class RewardConfig:
     format_weight: float = 0.0
 
 
-@dataclass
-class RolloutConfig:
-    """Sampling of one generation (ESSA §3.3).
-
-    prompts_per_generation: N, a fresh minibatch each generation shared by all candidates.
-    samples_per_prompt: G. max_tokens: new tokens per completion. temperature: 0 = greedy.
-    center: also evaluate the strategy's current mean genome as an extra, untold candidate on the
-      same prompts and sampling seeds (a paired control: is the population better than its centre?).
-    aggregate: rewards (P, N, G) -> fitness (P,): ``mean`` (ESSA §3.3) or ``question_z`` (each
-      prompt's rewards z-scored across the population before averaging, EGGROLL arXiv 2511.16652,
-      so prompts every candidate solves or fails carry no weight). Logged fitness is always the mean.
-    common_seeds: at temperature > 0, every candidate (and the centre) samples a prompt with the same
-      seed, so fitness differences come from the weights, not the sampling noise (common random
-      numbers; ``Sampling.common_seeds``). False: (candidate, prompt) request i gets seed + i.
-    """
-
-    prompts_per_generation: int = 16
-    samples_per_prompt: int = 1
-    max_tokens: int = 128
-    temperature: float = 0.0
-    top_p: float = 1.0
-    center: bool = True
-    aggregate: str = "mean"
-    common_seeds: bool = True
-
-
-@dataclass
-class EvalConfig:
-    """Held-out validation: every ``every`` generations (0 = only at start and end) on the task's
-    val split, greedy, ``max_tokens`` new tokens. ``baselines``: no adapter and the SFT adapter at
-    step 0, and the SFT adapter again in the final call beside the exports (the paired test's control)."""
-
-    every: int = 5
-    max_tokens: int = 128
-    baselines: bool = True
-
-
-@dataclass
-class TrainConfig:
-    """``essa train``: SFT warm start, then ES over the genome (ESSA Algorithm 1)."""
-
-    model: ModelConfig = field(default_factory=ModelConfig)
-    task: TaskConfig = field(default_factory=TaskConfig)
-    lora: LoRAConfig = field(default_factory=LoRAConfig)
-    sft: SFTConfig = field(default_factory=SFTConfig)
-    strategy: StrategyConfig = field(default_factory=StrategyConfig)
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    seed: int = 0
-    generations: int = 10
-    time_budget_s: Optional[float] = None  # stop after the first generation that ends past this (s)
-    deadline_s: Optional[float] = None  # whole command's wall clock (s): start a generation only if it fits
-    resume: Optional[str] = None
-    label: Optional[str] = None
-    report: bool = True
-
-
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-
-
-# overrides that steer a run's execution, not what it trains: left out of its label
-RUN_CONTROL_OVERRIDES = ("hydra", "resume=", "deadline_s=", "report=", "label=")
-
-
-def hydra_overrides() -> list[str]:
-    """The command line's overrides of the running Hydra job (``[]`` outside Hydra, e.g. in tests)."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        return list(HydraConfig.get().overrides.task)
-    except Exception:  # noqa: BLE001 - not under Hydra
-        return []
-
-
-def run_label(method: str, label: str | None, overrides: list[str]) -> str:
-    """A run's name in reports: ``label`` when set, else the method and the Hydra overrides that shape
-    the training (``essa train seed=1 strategy.genome.alpha=1`` -> ``"essa seed=1
-    strategy.genome.alpha=1"``), without the run-control ones (``RUN_CONTROL_OVERRIDES``)."""
-    return label or " ".join([method] + [o for o in overrides if not o.lstrip("+~").startswith(RUN_CONTROL_OVERRIDES)])
-
-
-def validate(cfg) -> None:
-    """Cross-field checks of a composed TrainConfig.
-
-    Raises:
-        ConfigError: one line naming the field and the fix.
-    """
-    s = cfg.strategy
-    if s.population_size < 2:
-        raise ConfigError(f"strategy.population_size={s.population_size}: must be >= 2 (ESSA uses 24-96); "
-                          f"e.g. strategy.population_size=16")
-    if not (math.isfinite(s.sigma0) and s.sigma0 > 0):
-        raise ConfigError(f"strategy.sigma0={s.sigma0}: must be > 0 (and finite), e.g. strategy.sigma0=0.1")
-    check_lora(cfg.lora)
-    if not 0 < s.genome.alpha <= 1:
-        raise ConfigError(f"strategy.genome.alpha={s.genome.alpha}: must be in (0, 1]")
-    from strategies.genomes import searched_singular_values
-
-    if s.genome.kind == "svd_lora" and searched_singular_values(s.genome.alpha, cfg.lora.rank) < 1:
-        raise ConfigError(f"strategy.genome.alpha={s.genome.alpha} gives floor(alpha * r) = 0 singular values at "
-                          f"rank r={cfg.lora.rank} (lora.rank); use strategy.genome.alpha >= {1 / cfg.lora.rank:.3g} "
-                          f"or a larger lora.rank")
-    if s.genome.kind not in ("svd_lora", "lora"):
-        raise ConfigError(f"strategy.genome.kind={s.genome.kind!r}: use svd_lora (ESSA) or lora (every LoRA entry)")
-    if s.genome.mode not in ("additive", "relative"):
-        raise ConfigError(f"strategy.genome.mode={s.genome.mode!r}: use additive (the paper) or relative")
-    if cfg.generations < 0:
-        raise ConfigError(f"generations={cfg.generations}: must be >= 0")
-    if cfg.time_budget_s is not None and not cfg.time_budget_s > 0:
-        raise ConfigError(f"time_budget_s={cfg.time_budget_s}: must be > 0 seconds, or null for no budget")
-    if cfg.deadline_s is not None and not cfg.deadline_s > 0:
-        raise ConfigError(f"deadline_s={cfg.deadline_s}: must be > 0 seconds, or null for no deadline")
-    r = cfg.rollout
-    if r.prompts_per_generation < 1 or r.samples_per_prompt < 1 or r.max_tokens < 1:
-        raise ConfigError("rollout.prompts_per_generation, rollout.samples_per_prompt and rollout.max_tokens must be >= 1")
-    check_sampling("rollout", r.temperature, r.top_p)
-    if r.aggregate not in ("mean", "question_z"):
-        raise ConfigError(f"rollout.aggregate={r.aggregate!r}: use mean (ESSA) or question_z (per-prompt z-scores)")
-    if cfg.eval.every < 0 or cfg.eval.max_tokens < 1:
-        raise ConfigError(f"eval.every={cfg.eval.every} / eval.max_tokens={cfg.eval.max_tokens}: every must be >= 0 "
-                          "(0 = only at the start and end), max_tokens >= 1")
-    check_sft(cfg.sft)
-    check_reward(cfg.reward)
-    check_context("model.max_model_len", cfg.model.max_model_len,
-                  {"rollout.max_tokens": r.max_tokens, "eval.max_tokens": cfg.eval.max_tokens})
-    e = cfg.engine
-    if not (math.isfinite(e.kv_cache_gib) and e.kv_cache_gib > 0):
-        raise ConfigError(f"engine.kv_cache_gib={e.kv_cache_gib}: must be > 0 GiB (CPU KV cache), e.g. engine.kv_cache_gib=2")
-    if not 0 < e.gpu_memory_utilization <= 1:
-        raise ConfigError(f"engine.gpu_memory_utilization={e.gpu_memory_utilization}: must be in (0, 1] (a fraction "
-                          f"of GPU memory), e.g. engine.gpu_memory_utilization=0.85")
-    if e.max_num_seqs < 1:
-        raise ConfigError(f"engine.max_num_seqs={e.max_num_seqs}: must be >= 1 (sequences per vLLM batch), "
-                          f"e.g. engine.max_num_seqs=256")
-    per_batch = s.population_size + int(r.center)  # the centre is one more adapter in the batch
-    if cfg.engine.max_loras is not None and cfg.engine.max_loras < per_batch:
-        raise ConfigError(f"engine.max_loras={cfg.engine.max_loras} < {per_batch} adapters per generation "
-                          f"(population {s.population_size}{' + centre' if r.center else ''}): "
-                          f"set engine.max_loras=null (covers the population) or >= {per_batch}")
-    if cfg.engine.backend not in ("local", "ray"):
-        raise ConfigError(f"engine.backend={cfg.engine.backend!r}: use local or ray")
-    if cfg.engine.backend == "ray" and cfg.engine.num_actors < 1:
-        raise ConfigError(f"engine.num_actors={cfg.engine.num_actors}: must be >= 1")
-
-
 def check_lora(lora) -> None:
     """Raises ConfigError on a LoRA shape the warm start or vLLM would reject: a rank vLLM does not
     serve, alpha not a finite number > 0, or no target modules."""
@@ -365,53 +227,49 @@ def check_sampling(prefix: str, temperature: float, top_p: float) -> None:
         raise ConfigError(f"{prefix}top_p={top_p}: must be in (0, 1] (1 = off)")
 
 
+def check_strategy(s, lora) -> None:
+    """Raises ConfigError on a ``strategy`` group that cannot run: P < 2, sigma0 not > 0, a genome kind
+    or mode that does not exist, or an ``alpha`` that searches no singular value at ``lora.rank``."""
+    if s.population_size < 2:
+        raise ConfigError(f"strategy.population_size={s.population_size}: must be >= 2 (ESSA uses 24-96); "
+                          f"e.g. strategy.population_size=16")
+    if not (math.isfinite(s.sigma0) and s.sigma0 > 0):
+        raise ConfigError(f"strategy.sigma0={s.sigma0}: must be > 0 (and finite), e.g. strategy.sigma0=0.1")
+    g = s.genome
+    if not 0 < g.alpha <= 1:
+        raise ConfigError(f"strategy.genome.alpha={g.alpha}: must be in (0, 1]")
+    if g.kind not in ("svd_lora", "lora"):
+        raise ConfigError(f"strategy.genome.kind={g.kind!r}: use svd_lora (ESSA) or lora (every LoRA entry)")
+    if g.kind == "svd_lora" and math.floor(g.alpha * lora.rank + 1e-9) < 1:  # strategies.genomes.searched_singular_values
+        raise ConfigError(f"strategy.genome.alpha={g.alpha} gives floor(alpha * r) = 0 singular values at "
+                          f"rank r={lora.rank} (lora.rank); use strategy.genome.alpha >= {1 / lora.rank:.3g} "
+                          f"or a larger lora.rank")
+    if g.mode not in ("additive", "relative"):
+        raise ConfigError(f"strategy.genome.mode={g.mode!r}: use additive (the paper) or relative")
+
+
+def check_engine(e, adapters_per_batch: int) -> None:
+    """Raises ConfigError on an ``engine`` group vLLM cannot start with, or whose ``max_loras`` does not
+    cover ``adapters_per_batch`` (the population, plus the centre when it is evaluated)."""
+    if not (math.isfinite(e.kv_cache_gib) and e.kv_cache_gib > 0):
+        raise ConfigError(f"engine.kv_cache_gib={e.kv_cache_gib}: must be > 0 GiB (CPU KV cache), e.g. engine.kv_cache_gib=2")
+    if not 0 < e.gpu_memory_utilization <= 1:
+        raise ConfigError(f"engine.gpu_memory_utilization={e.gpu_memory_utilization}: must be in (0, 1] (a fraction "
+                          f"of GPU memory), e.g. engine.gpu_memory_utilization=0.85")
+    if e.max_num_seqs < 1:
+        raise ConfigError(f"engine.max_num_seqs={e.max_num_seqs}: must be >= 1 (sequences per vLLM batch), "
+                          f"e.g. engine.max_num_seqs=256")
+    if e.max_loras is not None and e.max_loras < adapters_per_batch:
+        raise ConfigError(f"engine.max_loras={e.max_loras} < {adapters_per_batch} adapters per generation: "
+                          f"set engine.max_loras=null (covers the population) or >= {adapters_per_batch}")
+    if e.backend not in ("local", "ray"):
+        raise ConfigError(f"engine.backend={e.backend!r}: use local or ray")
+    if e.backend == "ray" and e.num_actors < 1:
+        raise ConfigError(f"engine.num_actors={e.num_actors}: must be >= 1")
+
+
 def check_sft(sft) -> None:
     """Raises ConfigError on a warm start that cannot train (checked before anything is loaded)."""
     if sft.enabled and (sft.max_steps < 1 or sft.batch_size < 1 or not sft.lr > 0 or sft.max_length < 8):
         raise ConfigError(f"sft: max_steps={sft.max_steps}, batch_size={sft.batch_size} must be >= 1, lr={sft.lr} > 0, "
                           f"max_length={sft.max_length} >= 8; or sft.enabled=false for no warm start")
-
-
-def unknown_keys(cfg, command: str) -> list[str]:
-    """Dotted keys of a composed config that its schema does not have (``+key=...`` overrides get
-    past Hydra's struct check). Free-form dict fields (``strategy.options``, ``engine.extra``) are
-    not checked. Returns [] for commands without a schema."""
-    from omegaconf import DictConfig
-
-    if command == "train":
-        schema = TrainConfig
-    elif command == "grpo":
-        from .grpo import GRPORunConfig as schema
-    elif command == "eval":
-        from .evaluate import EvalCommandConfig as schema
-    else:
-        return []
-
-    def walk(node, schema: type, prefix: str) -> list[str]:
-        hints = typing.get_type_hints(schema)
-        out = []
-        for key in node.keys():
-            if key == "hydra":
-                continue
-            if key not in hints:
-                out.append(f"{prefix}{key}")
-            elif dataclasses.is_dataclass(hints[key]) and isinstance(node._get_node(key), DictConfig):
-                out += walk(node._get_node(key), hints[key], f"{prefix}{key}.")
-        return out
-
-    return walk(cfg, schema, "")
-
-
-def register_configs() -> None:
-    """Register the schemas with Hydra's ConfigStore (called by the CLI before composing)."""
-    cs = ConfigStore.instance()
-    cs.store(name="train_schema", node=TrainConfig)
-    from .plugins import register_strategy_configs  # strategy=<plugin> for essa.strategies entry points
-
-    register_strategy_configs()
-    from .evaluate import register_eval_config  # imported here: these modules import this one
-    from .grpo import register as register_grpo_config
-
-    register_eval_config()
-    register_grpo_config()
-

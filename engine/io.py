@@ -59,15 +59,30 @@ def write_pickle(path, obj: Any) -> Path:
     return atomic_write_bytes(path, pickle.dumps(obj, protocol=4))
 
 
-def read_pickle(path) -> Any:
+class _RenamingUnpickler(pickle.Unpickler):
+    """An unpickler that finds some classes under another name (``(module, name) -> class``)."""
+
+    def __init__(self, f, classes: dict[tuple[str, str], type]):
+        super().__init__(f)
+        self.classes = classes
+
+    def find_class(self, module: str, name: str):
+        return self.classes.get((module, name)) or super().find_class(module, name)
+
+
+def read_pickle(path, classes: dict[tuple[str, str], type] | None = None) -> Any:
     """Read a pickle written by :func:`write_pickle`.
+
+    Args:
+        classes: ``{(module, name): class}`` for classes pickled under a path that has moved since
+            (old checkpoints); others load as usual.
 
     Raises:
         ValueError: the file is missing or unreadable (message names the file).
     """
     try:
         with open(path, "rb") as f:
-            return pickle.load(f)
+            return _RenamingUnpickler(f, classes or {}).load()
     except FileNotFoundError:
         raise ValueError(f"resume: no checkpoint at {path}; pass resume=<run dir> of a run that finished at least one generation")
     except Exception as e:  # noqa: BLE001 - corrupt or foreign file

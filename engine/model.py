@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .io import atomic_dir
+from engine.io import atomic_dir
 
 DEFAULT_MODEL = "embedded:smollm2-135m-instruct"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -183,6 +183,31 @@ def _int4_group_size(in_features: list[int]) -> int:
                      f"of {INT4_GROUP_SIZES[-1]}; use model.quantization=int8")
 
 
+def _round_to_nearest_scales(model) -> None:
+    """Set every quantized Linear's ``weight_scale`` (and zero point) from its weights' min/max per
+    output channel (CHANNEL) or per group (GROUP), then freeze it (compressed-tensors' qparams)."""
+    import torch
+    from compressed_tensors.quantization import QuantizationStatus, QuantizationStrategy
+    from compressed_tensors.quantization.utils import calculate_qparams, is_module_quantized
+
+    with torch.no_grad():
+        for module in model.modules():
+            if not is_module_quantized(module):
+                continue
+            args = module.quantization_scheme.weights
+            w = module.weight.float()                                    # (out, in)
+            if args.strategy == QuantizationStrategy.GROUP:
+                w = w.reshape(w.shape[0], -1, args.group_size)           # (out, in / g, g)
+                lo, hi = w.amin(-1), w.amax(-1)                          # (out, in / g)
+            else:                                                        # CHANNEL
+                lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)  # (out, 1)
+            scale, zero_point = calculate_qparams(lo, hi, args)
+            module.weight_scale.copy_(scale.to(module.weight_scale.dtype))
+            if hasattr(module, "weight_zero_point"):
+                module.weight_zero_point.copy_(zero_point.to(module.weight_zero_point.dtype))
+            module.quantization_status = QuantizationStatus.FROZEN
+
+
 def quantize_model(src: str, out: str | Path, quantization: str) -> Path:
     """Quantize a float checkpoint's Linear layers (all but ``lm_head``) by round-to-nearest.
 
@@ -212,7 +237,6 @@ def quantize_model(src: str, out: str | Path, quantization: str) -> Path:
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import (QuantizationConfig, QuantizationStatus, QuantizationStrategy,
                                                  apply_quantization_config, preset_name_to_scheme)
-    from compressed_tensors.quantization.utils import calculate_qparams, is_module_quantized
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
@@ -225,22 +249,7 @@ def quantize_model(src: str, out: str | Path, quantization: str) -> Path:
     config = QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"],
                                 quantization_status=QuantizationStatus.INITIALIZED)
     apply_quantization_config(model, config)  # registers weight_scale (and zero points) per layer
-    with torch.no_grad():
-        for module in model.modules():
-            if not is_module_quantized(module):
-                continue
-            args = module.quantization_scheme.weights
-            w = module.weight.float()                                    # (out, in)
-            if args.strategy == QuantizationStrategy.GROUP:
-                w = w.reshape(w.shape[0], -1, args.group_size)           # (out, in / g, g)
-                lo, hi = w.amin(-1), w.amax(-1)                          # (out, in / g)
-            else:                                                        # CHANNEL
-                lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)  # (out, 1)
-            scale, zero_point = calculate_qparams(lo, hi, args)
-            module.weight_scale.copy_(scale.to(module.weight_scale.dtype))
-            if hasattr(module, "weight_zero_point"):
-                module.weight_zero_point.copy_(zero_point.to(module.weight_zero_point.dtype))
-            module.quantization_status = QuantizationStatus.FROZEN
+    _round_to_nearest_scales(model)
     compressor = ModelCompressor.from_pretrained_model(model)
     compressor.compress_model(model)  # weights -> INT8 / packed INT4 tensors, in place
     out = Path(out)

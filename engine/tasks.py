@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .config import ConfigError
+from engine.config import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -104,7 +104,7 @@ def read_rows(path: Path, field: str = "task.path") -> list[dict[str, Any]]:
         raise ValueError(f"{field}: {path} is a directory where a data file was expected; point {field} at a "
                          f".jsonl/.parquet file, or at a folder holding <split>.jsonl/<split>.parquet files")
     if path.suffix == ".parquet":
-        from .io import read_rows as read_parquet
+        from engine.io import read_rows as read_parquet
         try:
             return read_parquet(path)
         except ValueError as e:
@@ -326,6 +326,87 @@ def _hub_rows(hub_id: str, hub_config: str | None, split: str) -> list[dict]:
                          f"JSONL/Parquet file or folder>") from None
 
 
+def _reader_of(cfg) -> tuple[Callable, tuple[str, ...], str]:
+    """``task.reader`` -> (row parser, the fields it expects, what a usable row is).
+
+    Raises:
+        ValueError: an unknown reader.
+    """
+    if cfg.reader in READERS:
+        return READERS[cfg.reader], *READER_FIELDS[cfg.reader]
+    if cfg.reader == "jsonl":
+        return (_generic(cfg.question_field, cfg.answer_field, cfg.solution_field),
+                (cfg.question_field, cfg.answer_field), "a text question and a non-empty answer")
+    raise ValueError(f"task.reader={cfg.reader!r} is unknown; use one of {sorted(READERS) + ['jsonl', 'arithmetic']}")
+
+
+def _local_root(cfg) -> Path | None:
+    """``task.path`` resolved (None with ``task.hub_id``).
+
+    Raises:
+        ConfigError: an empty path. FileNotFoundError: a path that does not exist.
+    """
+    if cfg.hub_id:
+        return None
+    if not str(cfg.path or "").strip():
+        raise ConfigError(f"task.path is empty for task {cfg.name!r}; set task.path (a JSONL/Parquet file or "
+                          f"folder) or task.hub_id")
+    root = _resolve_path(cfg.path)
+    if not root.exists():
+        raise FileNotFoundError(f"task.path={cfg.path!r}: {root} does not exist (relative paths are looked up in "
+                                f"the working directory, the repository and $ESSA_DATA); fix task.path")
+    return root
+
+
+class _Source:
+    """The splits of one task source (local files under ``root`` or the hub), parsed into problems;
+    counts the rows it skips per split."""
+
+    def __init__(self, cfg, root: Path | None):
+        self.cfg, self.root = cfg, root
+        self.reader, self.expected, self.usable_row = _reader_of(cfg)
+        self.skipped: dict[str, int] = {}
+
+    def problems(self, split: str) -> list[Problem]:
+        """Every usable row of ``split`` as a Problem (id ``<task>/<split>/<row>``).
+
+        Raises:
+            ValueError: the split has no usable row (one line naming the source and the fields).
+        """
+        cfg = self.cfg
+        if cfg.hub_id:
+            source, rows = f"task.hub_id={cfg.hub_id!r} split {split!r}", _hub_rows(cfg.hub_id, cfg.hub_config, split)
+        else:
+            path = _split_file(self.root, split)
+            source, rows = str(path), read_rows(path)
+        out = []
+        for i, row in enumerate(rows):
+            parsed = self.reader(row) if isinstance(row, dict) else None
+            if parsed is None:
+                self.skipped[split] = self.skipped.get(split, 0) + 1
+                continue
+            out.append(Problem(f"{cfg.name}/{split}/{i}", *parsed))
+        if not out:
+            raise no_usable_rows(cfg.name, source, rows, cfg.reader, self.expected, self.usable_row)
+        return out
+
+
+def _carve_held_out(cfg, source: _Source) -> tuple[list[Problem], list[Problem]]:
+    """One source for both splits: the first ``val_size`` shuffled rows are held out, and train drops
+    every row whose question is also held out, so train never sees a held-out question."""
+    problems = source.problems(cfg.train_split)
+    if 0 < len(problems) <= cfg.val_size:
+        raise ConfigError(f"task.val_size={cfg.val_size} holds out all {len(problems)} usable rows of the one "
+                          f"split, leaving none to train on; lower task.val_size")
+    random.Random(cfg.seed).shuffle(problems)
+    val, train = problems[: cfg.val_size], problems[cfg.val_size:]
+    held_out = {p.question for p in val}
+    kept = [p for p in train if p.question not in held_out]
+    if len(kept) < len(train):
+        source.skipped["train (question also in val)"] = len(train) - len(kept)
+    return kept, val
+
+
 def load_task(cfg) -> Task:
     """Load a task from its config (``conf/task/*.yaml``, schema ``engine.config.TaskConfig``).
 
@@ -343,70 +424,31 @@ def load_task(cfg) -> Task:
     _check_sizes(cfg)
     if cfg.name == "arithmetic" or cfg.reader == "arithmetic":
         return _arithmetic(cfg)
-    if cfg.reader in READERS:
-        reader = READERS[cfg.reader]
-        expected, usable_row = READER_FIELDS[cfg.reader]
-    elif cfg.reader == "jsonl":
-        reader = _generic(cfg.question_field, cfg.answer_field, cfg.solution_field)
-        expected, usable_row = (cfg.question_field, cfg.answer_field), "a text question and a non-empty answer"
-    else:
-        raise ValueError(f"task.reader={cfg.reader!r} is unknown; use one of {sorted(READERS) + ['jsonl', 'arithmetic']}")
-
-    root = None
-    if not cfg.hub_id:
-        if not str(cfg.path or "").strip():
-            raise ConfigError(f"task.path is empty for task {cfg.name!r}; set task.path (a JSONL/Parquet file or "
-                              f"folder) or task.hub_id")
-        root = _resolve_path(cfg.path)
-        if not root.exists():
-            raise FileNotFoundError(f"task.path={cfg.path!r}: {root} does not exist (relative paths are looked up in "
-                                    f"the working directory, the repository and $ESSA_DATA); fix task.path")
-
-    sources: dict[str, str] = {}  # split -> the file (or hub split) its rows came from
-
-    def rows_of(split: str) -> list[dict]:
-        if cfg.hub_id:
-            sources[split] = f"task.hub_id={cfg.hub_id!r} split {split!r}"
-            return _hub_rows(cfg.hub_id, cfg.hub_config, split)
-        path = _split_file(root, split)
-        sources[split] = str(path)
-        return read_rows(path)
-
-    skipped: dict[str, int] = {}
-
-    def parse(rows: list[dict], split: str) -> list[Problem]:
-        out = []
-        for i, row in enumerate(rows):
-            parsed = reader(row) if isinstance(row, dict) else None
-            if parsed is None:
-                skipped[split] = skipped.get(split, 0) + 1
-                continue
-            out.append(Problem(f"{cfg.name}/{split}/{i}", *parsed))
-        if not out:
-            raise no_usable_rows(cfg.name, sources[split], rows, cfg.reader, expected, usable_row)
-        return out
-
+    _reader_of(cfg)  # an unknown reader fails before the path is looked at
+    root = _local_root(cfg)
+    source = _Source(cfg, root)
     if cfg.train_split == cfg.val_split or (root is not None and root.is_file()):
-        # one source for both splits: carve the held-out rows out of it so train never sees them
-        problems = parse(rows_of(cfg.train_split), cfg.train_split)
-        if 0 < len(problems) <= cfg.val_size:
-            raise ConfigError(f"task.val_size={cfg.val_size} holds out all {len(problems)} usable rows of the one "
-                              f"split, leaving none to train on; lower task.val_size")
-        random.Random(cfg.seed).shuffle(problems)
-        val, train = problems[: cfg.val_size], problems[cfg.val_size:]
-        held_out = {p.question for p in val}
-        kept = [p for p in train if p.question not in held_out]
-        if len(kept) < len(train):
-            skipped["train (question also in val)"] = len(train) - len(kept)
-        train = kept
+        train, val = _carve_held_out(cfg, source)
     else:
-        train = parse(rows_of(cfg.train_split), cfg.train_split)
-        val = parse(rows_of(cfg.val_split), cfg.val_split)
+        train = source.problems(cfg.train_split)
+        val = source.problems(cfg.val_split)
         random.Random(cfg.seed).shuffle(val)
         val = val[: cfg.val_size]
     if cfg.train_size:
         train = train[: cfg.train_size]
     if not train or not val:
-        raise ValueError(f"task {cfg.name!r}: no usable rows (train {len(train)}, val {len(val)}, skipped {skipped}); "
-                         f"check task.path and the field names")
-    return Task(cfg.name, train, val, skipped)
+        raise ValueError(f"task {cfg.name!r}: no usable rows (train {len(train)}, val {len(val)}, "
+                         f"skipped {source.skipped}); check task.path and the field names")
+    return Task(cfg.name, train, val, source.skipped)
+
+
+def minibatch(train: list[Problem], n: int, seed: int, generation: int) -> list[Problem]:
+    """The generation's minibatch: N distinct problems drawn from a stream seeded by (seed, generation).
+
+    ESSA §3.3: every candidate of a generation sees the same prompts; a fresh batch each generation.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng([seed, generation])
+    idx = rng.choice(len(train), size=min(n, len(train)), replace=False)
+    return [train[i] for i in idx]

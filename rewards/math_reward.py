@@ -262,48 +262,16 @@ class MathReward:
                 f"got {len(completions)} completions but {len(references)} references; "
                 "pass one reference per completion"
             )
-        n = len(completions)
-        out: list[RewardResult | None] = [None] * n
+        out: list[RewardResult | None] = [None] * len(completions)
         # Rows that need the pool: row -> (extracted text, format term, per-answer statuses)
         open_rows: dict[int, tuple[str | None, float, list[str | None]]] = {}
         slow: dict[tuple[str, str], list[tuple[int, int]]] = {}
-        nan = float("nan")
         for i, (completion, raw_ref) in enumerate(zip(completions, references)):
-            if not isinstance(completion, str) or not isinstance(raw_ref, str):
-                out[i] = RewardResult(nan, None, "error")
-                continue
-            ref = reference_answer(raw_ref)
-            if not ref:
-                out[i] = RewardResult(nan, None, "error")
-                continue
-            ex = extract(completion, self.lenient)
-            if not ex.answers:
-                out[i] = RewardResult(0.0, None, "no_answer")
-                continue
-            fmt = self.format_weight if ex.source == "boxed" and len(ex.answers) == 1 else 0.0
-            if ex.ambiguous or len(ex.answers) > MAX_DISTINCT_BOXES:
-                out[i] = RewardResult(fmt, ex.text, "wrong")
-                continue
-            answers = ex.answers
-            if len(answers) > 1:
-                decided, joined = _list_answer(answers, ref)
-                if decided is not None:
-                    out[i] = RewardResult(fmt + (decided == "correct"), ex.text, decided)  # type: ignore[arg-type]
-                    continue
-                if joined is not None:
-                    answers = (joined,)
-            statuses: list[str | None] = []
-            for j, answer in enumerate(answers):
-                status = _fast(answer, ref)
-                if status is None:
-                    status = _cache_get((answer, ref), self.timeout_s)
-                if status is None:
-                    slow.setdefault((answer, ref), []).append((i, j))
-                statuses.append(status)
-            if any(s is None for s in statuses):
-                open_rows[i] = (ex.text, fmt, statuses)
+            decided = self._decide(i, completion, raw_ref, slow)
+            if isinstance(decided, RewardResult):
+                out[i] = decided
             else:
-                out[i] = self._result(ex.text, fmt, statuses)  # type: ignore[arg-type]
+                open_rows[i] = decided
         if slow:
             keys = list(slow)
             pool = _pool.get_pool(self.workers, self.memory_limit_bytes)
@@ -314,6 +282,40 @@ class MathReward:
         for i, (text, fmt, statuses) in open_rows.items():
             out[i] = self._result(text, fmt, statuses)  # type: ignore[arg-type]
         return out  # type: ignore[return-value]
+
+    def _decide(self, i: int, completion, raw_ref, slow: dict) -> RewardResult | tuple:
+        """Row ``i``'s result when it is decided without the worker pool; else ``(extracted text, format
+        term, per-answer statuses with None for the answers queued in ``slow`` for the pool)``."""
+        nan = float("nan")
+        if not isinstance(completion, str) or not isinstance(raw_ref, str):
+            return RewardResult(nan, None, "error")
+        ref = reference_answer(raw_ref)
+        if not ref:
+            return RewardResult(nan, None, "error")
+        ex = extract(completion, self.lenient)
+        if not ex.answers:
+            return RewardResult(0.0, None, "no_answer")
+        fmt = self.format_weight if ex.source == "boxed" and len(ex.answers) == 1 else 0.0
+        if ex.ambiguous or len(ex.answers) > MAX_DISTINCT_BOXES:
+            return RewardResult(fmt, ex.text, "wrong")
+        answers = ex.answers
+        if len(answers) > 1:
+            decided, joined = _list_answer(answers, ref)
+            if decided is not None:
+                return RewardResult(fmt + (decided == "correct"), ex.text, decided)  # type: ignore[arg-type]
+            if joined is not None:
+                answers = (joined,)
+        statuses: list[str | None] = []
+        for j, answer in enumerate(answers):
+            status = _fast(answer, ref)
+            if status is None:
+                status = _cache_get((answer, ref), self.timeout_s)
+            if status is None:
+                slow.setdefault((answer, ref), []).append((i, j))
+            statuses.append(status)
+        if any(s is None for s in statuses):
+            return ex.text, fmt, statuses
+        return self._result(ex.text, fmt, statuses)  # type: ignore[arg-type]
 
     @staticmethod
     def _result(text: str | None, fmt: float, statuses: list[str]) -> RewardResult:

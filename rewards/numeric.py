@@ -112,6 +112,40 @@ def _frac(s: str) -> Fraction:
     return Fraction(s.replace(",", ""))
 
 
+def _parts(g: dict) -> tuple[Fraction, Fraction, bool, bool] | None:
+    """(numerator, denominator, written with a decimal point, scientific) of a `_FULL_RE` match's
+    groups: a mixed number, a fraction (``a/b`` or ``\\frac``), or a decimal with an optional
+    exponent; None for a malformed one (an improper mixed number, too many digits, a zero
+    denominator, an exponent beyond `_MAX_EXP`)."""
+    decimal = scientific = False
+    try:
+        if g["mw"] is not None:  # mixed number: whole + proper fraction
+            mn, md = next((g[a], g[b]) for a, b in (("mn", "md"), ("mn1", "md1"), ("mn2", "md2")) if g[a] is not None)
+            if len(g["mw"] + mn + md) > 60 or not 0 < int(mn) < int(md):
+                return None  # `3 5/4` is not a mixed number
+            num, den = int(g["mw"]) * Fraction(int(md)) + int(mn), Fraction(int(md))
+        elif g["fn"] is not None:
+            num, den = _frac(g["fn"]), _frac(g["fd"])
+            decimal = "." in g["fn"] + g["fd"]
+        elif g["fn1"] is not None:
+            num, den = Fraction(int(g["fn1"])), Fraction(int(g["fd1"]))
+        else:
+            if len(g["n"]) > 60 or (g["d"] and len(g["d"]) > 60):
+                return None
+            num = _frac(g["n"])
+            den = _frac(g["d"]) if g["d"] else Fraction(1)
+            decimal = "." in g["n"] or "." in (g["d"] or "")
+            exp = g["e"] or g["e2"] or g["e3"]
+            if exp is not None:
+                if abs(int(exp)) > _MAX_EXP:
+                    return None
+                num *= Fraction(10) ** int(exp)
+                decimal = scientific = True
+    except (ValueError, ZeroDivisionError):
+        return None
+    return None if den == 0 else (num, den, decimal, scientific)
+
+
 @lru_cache(maxsize=1 << 16)
 def parse_number(s: str) -> Number | None:
     """Parse `s` as one plain number, or return None.
@@ -142,34 +176,10 @@ def parse_number(s: str) -> Number | None:
     if g["s1"] and g["s2"]:
         return None
     negative = "-" in (g["s1"] + g["s2"])
-    decimal = scientific = False
-    try:
-        if g["mw"] is not None:  # mixed number: whole + proper fraction
-            mn, md = next((g[a], g[b]) for a, b in (("mn", "md"), ("mn1", "md1"), ("mn2", "md2")) if g[a] is not None)
-            if len(g["mw"] + mn + md) > 60 or not 0 < int(mn) < int(md):
-                return None  # `3 5/4` is not a mixed number
-            num, den = int(g["mw"]) * Fraction(int(md)) + int(mn), Fraction(int(md))
-        elif g["fn"] is not None:
-            num, den = _frac(g["fn"]), _frac(g["fd"])
-            decimal = "." in g["fn"] + g["fd"]
-        elif g["fn1"] is not None:
-            num, den = Fraction(int(g["fn1"])), Fraction(int(g["fd1"]))
-        else:
-            if len(g["n"]) > 60 or (g["d"] and len(g["d"]) > 60):
-                return None
-            num = _frac(g["n"])
-            den = _frac(g["d"]) if g["d"] else Fraction(1)
-            decimal = "." in g["n"] or "." in (g["d"] or "")
-            exp = g["e"] or g["e2"] or g["e3"]
-            if exp is not None:
-                if abs(int(exp)) > _MAX_EXP:
-                    return None
-                num *= Fraction(10) ** int(exp)
-                decimal = scientific = True
-    except (ValueError, ZeroDivisionError):
+    parts = _parts(g)
+    if parts is None:
         return None
-    if den == 0:
-        return None
+    num, den, decimal, scientific = parts
     value = num / den
     unit = (g["unit"] or "").strip()
     if unit:

@@ -68,7 +68,7 @@ def canonical_keys(lora: LoRAState) -> list[str]:
             ranks that differ between modules.
     """
     if not lora:
-        raise ValueError("LoRA state is empty; pass the SFT adapter's tensors (engine.adapters.read_adapter)")
+        raise ValueError("LoRA state is empty; pass the SFT adapter's tensors (engine.lora.files.read_adapter)")
     parsed = {}
     for key in lora:
         m = _KEY.match(key)
@@ -233,25 +233,7 @@ class SVDLoRAGenome(GenomeCodec):
                 f"use alpha >= {1 / self.rank:.3g}"
             )
         self.alpha, self.mode, self.k, self.basis_seed = float(alpha), mode, k, int(basis_seed)
-        r = self.rank
-        us, ss, vhs = [], [], []
-        zero_top = 0
-        for i, key in enumerate(self.keys):
-            w = lora[key].detach().to("cpu", torch.float64)
-            if r > min(w.shape):
-                raise ValueError(f"LoRA rank r={r} exceeds min{tuple(w.shape)} of {key!r}")
-            u, s, vh = torch.linalg.svd(w, full_matrices=False)  # (m, r), (r,), (r, n)
-            u, s, vh = u.numpy(), s.numpy().copy(), vh.numpy()
-            null = s <= max(w.shape) * np.finfo(np.float64).eps * max(s[0], 1e-300)
-            if null.any():
-                s[null] = 0.0
-                rng = np.random.default_rng([self.basis_seed, i])
-                u = _complete_basis(u[:, ~null], r, rng)
-                vh = _complete_basis(vh[~null].T, r, rng).T
-                zero_top += int(null[:k].sum())
-            us.append(u)
-            ss.append(s)
-            vhs.append(vh)
+        us, ss, vhs, zero_top = self._decompose(lora)
         if mode == "relative" and zero_top:
             warnings.warn(
                 f"SVDLoRAGenome(mode='relative'): {zero_top} of the searched singular values are zero (e.g. B = 0 "
@@ -275,6 +257,31 @@ class SVDLoRAGenome(GenomeCodec):
             )
         self._u = us
         self._vh = vhs
+
+    def _decompose(self, lora: LoRAState) -> tuple[list, list, list, int]:
+        """SVD of every factor in canonical order: (U (m, r) list, s (r,) list, Vh (r, n) list, the number
+        of searched singular values that are zero). A zero singular value's singular vectors are
+        completed to an orthonormal basis from a stream seeded by (basis_seed, factor index)."""
+        r, k = self.rank, self.k
+        us, ss, vhs = [], [], []
+        zero_top = 0
+        for i, key in enumerate(self.keys):
+            w = lora[key].detach().to("cpu", torch.float64)
+            if r > min(w.shape):
+                raise ValueError(f"LoRA rank r={r} exceeds min{tuple(w.shape)} of {key!r}")
+            u, s, vh = torch.linalg.svd(w, full_matrices=False)  # (m, r), (r,), (r, n)
+            u, s, vh = u.numpy(), s.numpy().copy(), vh.numpy()
+            null = s <= max(w.shape) * np.finfo(np.float64).eps * max(s[0], 1e-300)
+            if null.any():
+                s[null] = 0.0
+                rng = np.random.default_rng([self.basis_seed, i])
+                u = _complete_basis(u[:, ~null], r, rng)
+                vh = _complete_basis(vh[~null].T, r, rng).T
+                zero_top += int(null[:k].sum())
+            us.append(u)
+            ss.append(s)
+            vhs.append(vh)
+        return us, ss, vhs, zero_top
 
     @property
     def dim(self) -> int:

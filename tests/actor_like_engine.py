@@ -1,6 +1,6 @@
 """Reference results for tests/test_ray_backend.py: one Ray actor's engine, without Ray.
 
-``python -m tests.actor_like_engine JOBS OUT`` builds an :class:`engine.backends.ray_backend.EvaluatorActor`
+``python -m tests.actor_like_engine JOBS OUT`` builds an :class:`engine.evaluation.ray_population.EvaluatorActor`
 as a plain object in this process (in-process vLLM engine core on one claimed CPU slot, exactly as on an
 actor), runs the jobs pickled in JOBS one after the other and pickles their results to OUT.
 
@@ -24,7 +24,7 @@ import sys
 def main(jobs_path: str, out_path: str) -> None:
     with open(jobs_path, "rb") as f:
         spec = pickle.load(f)
-    from engine.backends.ray_backend import EvaluatorActor
+    from engine.evaluation.ray_population import EvaluatorActor
 
     actor = EvaluatorActor(**spec["actor"])
     results = []

@@ -34,3 +34,12 @@ def random_lora(config, seed: int, rank: int = 8, std: float = 0.03) -> dict:
             lora[f"{pre}.lora_A.weight"] = torch.randn(rank, d_in, generator=g) * std  # (r, d_in)
             lora[f"{pre}.lora_B.weight"] = torch.randn(d_out, rank, generator=g) * std  # (d_out, r)
     return lora
+
+
+def train_evaluator(cfg, serve_path: str, codec, meta, tokenizer):
+    """The population evaluator ``essa train`` builds for the composed train config ``cfg``
+    (engine/commands/train.py ``build_evaluator_phase``)."""
+    from engine.evaluation.build import build_evaluator, math_reward
+
+    return build_evaluator(cfg.engine, cfg.model, serve_path, codec, meta, tokenizer, math_reward(cfg.reward),
+                           cfg.task.system_prompt, cfg.seed, cfg.strategy.population_size + 2)

@@ -1,13 +1,18 @@
 """Config composition and validation: the real conf/ tree composed through Hydra (no engine)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
-from engine.cli import CONF_DIR
-from engine.config import ConfigError, register_configs, validate
-from engine.loop import config_key, minibatch
+from engine.config import CONF_DIR
+from engine.commands import register_configs
+from engine.commands.train_config import validate
+from engine.config import ConfigError
+from engine.commands.train_checkpoint import config_key
+from engine.tasks import minibatch
 from engine.tasks import Problem
 
 register_configs()
@@ -99,7 +104,7 @@ def test_validate_names_the_field(override, field):
 def test_deadline_prices_the_next_generation_and_the_validations_still_due():
     """deadline_allows (issue 10): generation + remaining validations (1 condition = 500 problems x
     40 tokens / 400 tok/s = 50 s) must end by deadline_s; the final call has sft, mean and best."""
-    from engine.loop import deadline_allows
+    from engine.commands.train_schedule import deadline_allows
 
     cfg = train_cfg("deadline_s=1000", "eval.every=5", "eval.max_tokens=96", "generations=10")
     args = dict(generation_s=100.0, tokens_per_completion=40.0, tokens_per_s=400.0, n_val=500)
@@ -135,7 +140,8 @@ def test_resume_refusal_names_the_differing_fields(tmp_path):
     from omegaconf import OmegaConf
 
     from engine import io
-    from engine.loop import CHECKPOINT, CHECKPOINT_VERSION, resume_config, run_train
+    from engine.commands.train import run_train
+    from engine.commands.train_checkpoint import CHECKPOINT, CHECKPOINT_VERSION, resume_config
     old = train_cfg()
     io.write_pickle(tmp_path / CHECKPOINT, {"version": CHECKPOINT_VERSION, "config_key": config_key(old),
                                             "config": resume_config(old)})
@@ -157,15 +163,15 @@ def test_resume_refusal_names_the_differing_fields(tmp_path):
 def test_resume_accepts_a_field_added_since_at_its_default(tmp_path):
     """A checkpoint written before a field existed (here rollout.common_seeds) resumes when the field is
     at its schema default, and is refused, naming the way out, when it is not."""
-    from engine.loop import _resume_mismatch, resume_config
+    from engine.commands.train_checkpoint import resume_config, resume_mismatch
     old = resume_config(train_cfg())
     del old["rollout"]["common_seeds"]
     ckpt = {"config_key": "written-by-an-older-version", "config": old}
-    assert _resume_mismatch(ckpt, train_cfg(), tmp_path) is None
-    msg = _resume_mismatch(ckpt, train_cfg("rollout.common_seeds=false"), tmp_path)
+    assert resume_mismatch(ckpt, train_cfg(), tmp_path) is None
+    msg = resume_mismatch(ckpt, train_cfg("rollout.common_seeds=false"), tmp_path)
     assert "rollout.common_seeds: <unset> in the checkpoint, false now" in msg
     assert "rollout.common_seeds at its default" in msg
-    assert _resume_mismatch(ckpt, train_cfg("seed=9"), tmp_path) is not None  # other differences still count
+    assert resume_mismatch(ckpt, train_cfg("seed=9"), tmp_path) is not None  # other differences still count
 
 
 def test_minibatch_is_fresh_per_generation_and_reproducible():
@@ -177,7 +183,7 @@ def test_minibatch_is_fresh_per_generation_and_reproducible():
 
 
 def test_unknown_keys_catches_plus_overrides_only():
-    from engine.config import unknown_keys
+    from engine.cli.overrides import unknown_keys
 
     assert unknown_keys(train_cfg(), "train") == []
     assert sorted(unknown_keys(train_cfg("+strategy.popsize=4", "+foo=1"), "train")) == ["foo", "strategy.popsize"]
@@ -186,14 +192,14 @@ def test_unknown_keys_catches_plus_overrides_only():
 
 def test_strategy_options_checked_before_sft():
     from engine.config import ConfigError
-    from engine.loop import check_strategy_options
+    from engine.search import check_strategy_options
     from strategies import get_strategy
 
     cls = get_strategy("essa")
-    check_strategy_options(cls, train_cfg("strategy.options.diagonal=true"))
+    check_strategy_options(cls, train_cfg("strategy.options.diagonal=true").strategy, 0)
     for bad in ("++strategy.options.bogus=1", "strategy.options.diagonal=abc"):
         with pytest.raises(ConfigError, match="strategy.options"):
-            check_strategy_options(cls, train_cfg(bad))
+            check_strategy_options(cls, train_cfg(bad).strategy, 0)
 
 
 @pytest.mark.parametrize("argv, expect", [
@@ -267,7 +273,7 @@ def test_cli_group_overrides_name_the_command(argv, expect, capsys):
 
 
 def test_group_override_check_passes_accepted_overrides():
-    from engine.cli import config_groups, group_override_error
+    from engine.cli.overrides import config_groups, group_override_error
 
     assert config_groups("train") == ["engine", "model", "reward", "sft", "strategy", "task"]
     assert config_groups("bench") == []
@@ -281,26 +287,27 @@ def test_group_override_check_passes_accepted_overrides():
     ("strategy._target_=no_such_pkg.Nope", "strategy._target_='no_such_pkg.Nope' is not a known strategy"),
 ])
 def test_unknown_strategy_names_the_field_and_the_choices(override, start, tmp_path):
-    from engine.loop import run_train
-    from engine.plugins import check_strategy_choice
+    from engine.commands.train import run_train
+    from engine.search.plugins import check_strategy_choice
 
     cfg = train_cfg(override)
-    for check in (lambda: check_strategy_choice(cfg, "essa"), lambda: run_train(cfg, tmp_path)):
+    for check in (lambda: check_strategy_choice(cfg.strategy, cfg.seed, "essa"), lambda: run_train(cfg, tmp_path)):
         with pytest.raises(ValueError) as e:
             check()
         msg = str(e.value)
         assert msg.startswith(start) and "\n" not in msg, msg
-        assert "built-in cma_es, essa, sep_cma; installed plugins" in msg and "dotted path" in msg
+        assert "built-in cma_es, essa, " in msg and "sep_cma; installed plugins" in msg and "dotted path" in msg
 
 
 def test_resuming_a_finished_run_stops_unless_generations_was_raised(tmp_path, monkeypatch):
     """Resume of a run whose checkpoint holds its last generation and that wrote summary.json: one line
     instead of a repeated final validation with duplicate rows; a raised generations= goes on as before."""
-    from engine import io, loop
-    from engine.loop import CHECKPOINT, CHECKPOINT_VERSION, RunState, resume_config, run_train
+    from engine import io
+    from engine.commands.train import run_train
+    from engine.commands.train_checkpoint import CHECKPOINT, CHECKPOINT_VERSION, RunState, resume_config
     old = train_cfg("generations=2")
     io.write_pickle(tmp_path / CHECKPOINT, {"version": CHECKPOINT_VERSION, "config_key": config_key(old),
-                                            "config": resume_config(old), "run_state": RunState(generation=1),
+                                            "config": resume_config(old), "run_state": dataclasses.asdict(RunState(generation=1)),
                                             "strategy": {}})
     io.write_json(tmp_path / "summary.json", {"val": {}})
     with pytest.raises(ValueError) as e:
@@ -315,13 +322,13 @@ def test_resuming_a_finished_run_stops_unless_generations_was_raised(tmp_path, m
     def stop(*a, **kw):
         raise PastTheCheck
 
-    monkeypatch.setattr(loop, "resolve_model_path", stop)
+    monkeypatch.setattr("engine.model.resolve_model_path", stop)
     with pytest.raises(PastTheCheck):
         run_train(train_cfg(f"resume={tmp_path}", "generations=3"), tmp_path)
 
 
 def test_run_label_keeps_what_shapes_training_and_drops_run_control():
-    from engine.config import run_label
+    from engine.results.run_files import run_label
 
     overrides = ["seed=1", "strategy.genome.alpha=1", "deadline_s=1680", "resume=/r", "report=false",
                  "hydra.run.dir=/x", "+strategy.options.cma_options.CMA_mirrors=8"]
@@ -335,14 +342,15 @@ def test_generation_sampling_shares_seeds_between_candidates_and_centre():
     """The centre (candidate P) is a paired control at temperature > 0 too: one Sampling serves the
     whole population, and under common seeds a prompt's seed does not depend on the adapter."""
     from engine.backends import AdapterRef
-    from engine.loop import generation_sampling
+    from engine.commands.train_schedule import generation_sampling
 
     cfg = train_cfg("rollout.temperature=0.8", "rollout.samples_per_prompt=2")
-    s3, s4 = generation_sampling(cfg, 3), generation_sampling(cfg, 4)
+    s3, s4 = generation_sampling(cfg.rollout, cfg.seed, 3), generation_sampling(cfg.rollout, cfg.seed, 4)
     assert s3.common_seeds and s3.n == 2 and s3.temperature == 0.8 and s3.seed != s4.seed
     candidates = [AdapterRef(f"c{k}", k + 1, "/x") for k in range(5)]  # 4 candidates + the centre
     prompts = ["q0", "q1", "q2"]
     seeds = s3.request_seeds([p for _ in candidates for p in prompts], [a for a in candidates for _ in prompts])
     assert all(seeds[k * 3:(k + 1) * 3] == seeds[:3] for k in range(5))
-    own = generation_sampling(train_cfg("rollout.temperature=0.8", "rollout.common_seeds=false"), 3)
+    own_cfg = train_cfg("rollout.temperature=0.8", "rollout.common_seeds=false")
+    own = generation_sampling(own_cfg.rollout, own_cfg.seed, 3)
     assert len(set(own.request_seeds(prompts * 2, candidates[:2] * 3))) == 6

@@ -1,4 +1,4 @@
-"""``essa eval`` (engine/evaluate.py): a fast test with a scripted back-end, and the real thing
+"""``essa eval`` (engine/commands/eval.py): a fast test with a scripted back-end, and the real thing
 (vLLM on CPU, the default model, four GSM8K test rows from ../shared/data) through the CLI."""
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from engine.backends import Completion
-from engine.config import ConfigError, register_configs
-from engine.evaluate import register_eval_config, resolve_conditions, run_eval
+from engine.commands import register_configs
+from engine.config import ConfigError
+from engine.commands.eval import resolve_conditions, run_eval
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"
@@ -23,7 +24,6 @@ CONF = REPO / "conf"
 
 def compose_eval(overrides: list[str]):
     register_configs()
-    register_eval_config()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose("eval", overrides=overrides)
 
@@ -32,7 +32,7 @@ def write_random_adapter(path: Path, model_path: str, rank: int = 8, seed: int =
     """A small random PEFT LoRA (q, k, v, o of every layer) with shapes from the model's config.json."""
     import torch
 
-    from engine.adapters import write_adapter
+    from engine.lora.files import write_adapter
 
     cfg = json.loads((Path(model_path) / "config.json").read_text())
     h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
@@ -190,7 +190,7 @@ def test_essa_eval_on_gsm8k_rows(tmp_path):
 
 
 def test_adapter_rank_names_a_bad_adapter_config(tmp_path):
-    from engine.evaluate import adapter_rank
+    from engine.lora.checks import adapter_rank
 
     a = tmp_path / "adapter"
     a.mkdir()
@@ -211,7 +211,7 @@ def test_adapter_rank_names_a_bad_adapter_config(tmp_path):
 
 def _pass(statuses: list[list[str]]):
     """A PassResult for one condition from per-problem status lists (N problems x G samples)."""
-    from engine.evaluate import PassResult
+    from engine.evaluation.passes import PassResult
 
     st = np.array([statuses], dtype=object)                       # (1, N, G)
     none = np.full(st.shape, None, dtype=object)
@@ -220,8 +220,8 @@ def _pass(statuses: list[list[str]]):
 
 
 def test_summary_pass_at_k_one_problem_set_and_positive_zero():
-    from engine.evaluate import format_table, summarise
-    from engine.report import _fmt
+    from engine.commands.eval import format_table, summarise
+    from engine.results.report import _fmt
 
     # issue 16: A (n 4, c 0), B (2 of 4 unscorable, c 2) gave pass@1 0.5, pass@2 0.5, pass@4 0.0
     greedy = _pass([["wrong"], ["correct"]])
@@ -256,7 +256,7 @@ SERVED = [
 
 @pytest.mark.parametrize("extra,rank", SERVED)
 def test_adapter_rank_serves_peft_features(tmp_path, extra, rank):
-    from engine.evaluate import adapter_rank
+    from engine.lora.checks import adapter_rank
 
     (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 16, "target_modules": ["q_proj"], **extra}))
     assert adapter_rank(tmp_path) == rank
@@ -277,7 +277,7 @@ REFUSED = [
 
 @pytest.mark.parametrize("extra,field", REFUSED)
 def test_adapter_rank_refuses_unserved_peft_features_in_one_line(tmp_path, extra, field):
-    from engine.evaluate import adapter_rank
+    from engine.lora.checks import adapter_rank
 
     f = tmp_path / "adapter_config.json"
     f.write_text(json.dumps({"r": 8, "lora_alpha": 16, "target_modules": ["q_proj"], **extra}))
@@ -289,7 +289,7 @@ def test_adapter_rank_refuses_unserved_peft_features_in_one_line(tmp_path, extra
 
 def test_eval_engine_rank_covers_rank_pattern(tmp_path):
     # issue 16: adapter_rank read only r, so an adapter with rank_pattern got too small a max_lora_rank
-    import engine.evaluate as ev
+    import engine.commands.eval as ev
 
     adapter = tmp_path / "third_party"
     adapter.mkdir()
@@ -326,7 +326,7 @@ def _write_weights(adapter, rank_a, rank_b=None):
 def test_eval_refuses_bad_adapter_weights_before_the_engine(tmp_path):
     """essa eval: no adapter_model.safetensors (or only adapter_model.bin), an unreadable one, or a lora_A/lora_B
     rank that disagrees with adapter_config.json's r: one line before the engine starts (break-it finding)."""
-    import engine.evaluate as ev
+    import engine.commands.eval as ev
 
     adapter = tmp_path / "ad"
     adapter.mkdir()
@@ -368,7 +368,7 @@ def test_adapter_checks_agree_with_vllm(tmp_path):
     from vllm.lora.peft_helper import PEFTHelper
 
     from engine.backends.vllm_local import round_lora_rank
-    from engine.evaluate import adapter_rank
+    from engine.lora.checks import adapter_rank
 
     features = [e for e, _ in SERVED] + [e for e, f in REFUSED if f in ("use_dora", "modules_to_save", "bias", "lora_bias")]
     for extra in features:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 ref = pytest.importorskip("vllm.lora.ops.torch_ops.lora_ops")
-from engine.fast_lora import ops  # noqa: E402
+from engine.backends.fast_lora import ops  # noqa: E402
 
 FP32 = dict(rtol=1e-5, atol=1e-4)  # fp32 summation-order noise on O(10) sums of 576 terms
 BF16 = dict(rtol=2e-2, atol=2e-2)
@@ -344,7 +344,7 @@ def _wrappers(index_mapping, prompt_mapping, lora_index_to_id):
     from vllm.lora.layers.utils import LoRAMapping
     from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
 
-    from engine.fast_lora.punica import FastPunicaWrapperCPU
+    from engine.backends.fast_lora.punica import FastPunicaWrapperCPU
 
     out = []
     for cls in (PunicaWrapperCPU, FastPunicaWrapperCPU):
@@ -402,7 +402,7 @@ def test_wrapper_all_base_model_is_a_no_op():
 
 @pytest.fixture
 def clean_plugin():
-    from engine.fast_lora import plugin
+    from engine.backends.fast_lora import plugin
     plugin.uninstall()
     yield plugin
     plugin.uninstall()
@@ -416,7 +416,7 @@ def test_plugin_installs_on_tested_cpu_vllm(clean_plugin, monkeypatch):
     if clean_plugin.vllm_version() not in clean_plugin.TESTED_VLLM_VERSIONS:
         pytest.skip("installed vLLM is not a tested version")
     assert clean_plugin.is_installed()
-    assert CpuPlatform.get_punica_wrapper() == "engine.fast_lora.punica.FastPunicaWrapperCPU"
+    assert CpuPlatform.get_punica_wrapper() == "engine.backends.fast_lora.punica.FastPunicaWrapperCPU"
     clean_plugin.register()  # idempotent
     clean_plugin.uninstall()
     assert CpuPlatform.get_punica_wrapper() == before
@@ -477,7 +477,7 @@ def test_logits_lora_skipped_when_no_request_targets_lm_head(monkeypatch, lm_hea
     # issue 10: add_lora_logits ran bgmv_shrink/expand over the whole vocabulary at every decode step
     # although ESSA's adapters never target lm_head. Skipping must leave the logits bit for bit as
     # vLLM's own wrapper leaves them, and must not call the kernels.
-    from engine.fast_lora import ops
+    from engine.backends.fast_lora import ops
 
     # decode: one token per request; slot 2 (id 1003) not in the batch; the last slot empty (vLLM's
     # torch ops give base-model tokens the last slot's delta)
@@ -520,7 +520,7 @@ def _mapping_args(mapping, lora_index_to_id):
 
 
 def test_embedding_lora_skipped_without_embedding_weights(monkeypatch):
-    from engine.fast_lora import ops
+    from engine.backends.fast_lora import ops
 
     mapping = [1001, 1001, 1002, 0]
     stock, fast = _wrappers(mapping, mapping, [1001, 1002])

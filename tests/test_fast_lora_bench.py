@@ -1,4 +1,4 @@
-"""``essa bench`` (engine/bench.py): config, inputs, report; one tiny end-to-end run (integration)."""
+"""``essa bench`` (engine/commands/bench.py): config, inputs, report; one tiny end-to-end run (integration)."""
 from __future__ import annotations
 
 import json
@@ -24,7 +24,7 @@ def test_bench_config_has_the_documented_defaults():
 
 @pytest.mark.skipif(not GSM8K.exists(), reason="GSM8K test split not present")
 def test_load_questions_reads_gsm8k_answers():
-    from engine.bench import load_questions
+    from engine.commands.bench import load_questions
 
     qa = load_questions(str(GSM8K), 3)
     assert len(qa) == 3 and all(q and a for q, a in qa)
@@ -36,7 +36,7 @@ def test_load_questions_reads_gsm8k_answers():
 
 
 def test_format_table_shows_ratios_and_phases():
-    from engine.bench import format_table
+    from engine.commands.bench import format_table
 
     result = {
         "settings": {"model": "m", "prompts_per_candidate": 16, "max_tokens": 96, "rank": 8, "fast_lora": True},
@@ -109,7 +109,7 @@ def test_bench_never_reuses_a_lora_id_for_other_weights(tmp_path, monkeypatch):
     # issue 16: ids were lora_int_id(gi * 10 + rep, k), so repeats=11 gave P=2's 11th repeat the ids of
     # P=3's first, and vLLM served the cached adapter. Every id the run uses must name one set of weights.
     import rewards
-    from engine import bench
+    from engine.commands import bench
     from engine.backends import vllm_local
     from rewards import RewardResult
 
@@ -119,11 +119,16 @@ def test_bench_never_reuses_a_lora_id_for_other_weights(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "lora_shapes", lambda path: {"num_layers": 1, "hidden": 16, "kv_dim": 8})
     monkeypatch.setattr(bench, "load_questions", lambda path, n: [(f"1 + {i} - {i}?", "1") for i in range(n)])
     monkeypatch.setattr(rewards, "reward", lambda texts, refs: [RewardResult(1.0, "1", "correct") for _ in texts])
-    cfg = OmegaConf.load(REPO / "conf" / "bench.yaml")
-    cfg.pop("hydra")
-    cfg.merge_with({"populations": [2, 3], "phases_population": 2, "prompts_per_candidate": 2, "max_tokens": 4,
-                    "repeats": 11, "naive": {"enabled": False}, "output": str(tmp_path / "bench.json"),
-                    "lora": {"rank": 4}})
+    from hydra import compose, initialize_config_dir
+
+    from engine.commands import register_configs
+    from engine.config import CONF_DIR
+
+    register_configs()
+    overrides = ["populations=[2,3]", "phases_population=2", "prompts_per_candidate=2", "max_tokens=4", "repeats=11",
+                 "naive.enabled=false", f"output={tmp_path / 'bench.json'}", "lora.rank=4"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("bench", overrides=overrides)
     bench.main(cfg)
     used = _RecordingBackend.last.weights_by_id
     reused = {i: len(w) for i, w in used.items() if len(w) != 1}

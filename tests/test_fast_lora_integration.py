@@ -35,7 +35,7 @@ def serve(fast: bool, out_json: str, adapter_dir: str) -> None:
     sys.path.insert(0, str(REPO))
     from transformers import AutoConfig
 
-    from engine.adapters import write_adapter
+    from engine.lora.files import write_adapter
     from engine.backends import AdapterRef
     from engine.backends.vllm_local import VLLMBackend
     from engine.model import resolve_model_path

@@ -6,7 +6,8 @@ import types
 import pytest
 import torch
 
-from engine.grpo import apply_focal, check_trl_version, focal_weights, method_name, scalar_rewards
+from engine.commands.grpo_config import method_name
+from engine.grpo.focal import apply_focal, check_trl_version, focal_weights, scalar_rewards
 
 N = 4
 
@@ -101,7 +102,7 @@ def test_method_name_and_version_pin():
 def test_trainer_hook_scales_trl_output(monkeypatch):
     """FocalGRPOTrainer wraps TRL's two methods; no model: TRL's originals are stubbed."""
     trl = pytest.importorskip("trl")
-    from engine.grpo import focal_trainer_class
+    from engine.grpo.focal import focal_trainer_class
 
     cls = focal_trainer_class()
     adv = grpo_advantages(REWARDS, N)

@@ -19,7 +19,7 @@ def compose(*overrides: str):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from engine.config import register_configs
+    from engine.commands import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
@@ -27,7 +27,7 @@ def compose(*overrides: str):
 
 
 def test_config_composes_with_the_essa_defaults():
-    from engine.grpo import validate
+    from engine.commands.grpo_config import validate
 
     cfg = compose()
     validate(cfg)
@@ -42,7 +42,7 @@ def compose_train():
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from engine.config import register_configs
+    from engine.commands import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
@@ -79,7 +79,7 @@ def compose_train():
     ("reward.timeout_s=0", "reward.timeout_s"),
 ])
 def test_bad_config_names_the_field(override, field):
-    from engine.grpo import validate
+    from engine.commands.grpo_config import validate
 
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         validate(compose(override))
@@ -92,7 +92,7 @@ def test_bad_config_names_the_field(override, field):
     (-0.1, 0.9, True),
 ])
 def test_correct_threshold_separates_wrong_from_correct(fw, threshold, ok):
-    from engine.grpo import validate
+    from engine.commands.grpo_config import validate
 
     cfg = compose(f"reward.format_weight={fw}", f"grpo.correct_threshold={threshold}")
     if ok:
@@ -103,7 +103,7 @@ def test_correct_threshold_separates_wrong_from_correct(fw, threshold, ok):
 
 
 def test_generation_batch_must_fit_the_training_set(caplog):
-    from engine.grpo import check_generation_batch
+    from engine.commands.grpo_config import check_generation_batch
 
     g = compose("grpo.prompts_per_step=8", "grpo.steps_per_generation=10", "grpo.max_steps=20").grpo
     with pytest.raises(ConfigError, match=r"grpo\.steps_per_generation=10.*80 distinct prompts.*64 training"):
@@ -117,11 +117,12 @@ def test_generation_batch_must_fit_the_training_set(caplog):
 
 
 def test_time_budget_stops_training_and_validates():
-    from engine.grpo import _run_logger_class
+    from engine.commands.grpo import _run_logger_class
 
     validated = []
     clock = iter([5.0, 12.0])
-    run = types.SimpleNamespace(cfg=compose("grpo.time_budget_s=10", "grpo.eval_every=0"), clock=lambda: next(clock),
+    g = compose("grpo.time_budget_s=10", "grpo.eval_every=0").grpo
+    run = types.SimpleNamespace(time_budget_s=g.time_budget_s, eval_every=g.eval_every, clock=lambda: next(clock),
                                 eval_s=0.0, validate=lambda step, model, final: validated.append((step, final)))
     cb = _run_logger_class()(run)
     for step, expect_stop in ((1, False), (2, True)):
@@ -228,7 +229,7 @@ def test_generation_batch_spans_steps(tmp_path):
 
 def test_auto_micro_batch_bounds_the_training_pass():
     # grpo.micro_batch_size=null: one pass over 64 rollouts needed ~19 GB on CPU (killed for memory)
-    from engine.grpo import auto_micro_batch
+    from engine.commands.grpo_config import auto_micro_batch
     assert auto_micro_batch(64) == 16
     assert auto_micro_batch(32) == 16
     assert auto_micro_batch(8) == 8

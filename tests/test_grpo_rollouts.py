@@ -1,4 +1,4 @@
-"""GRPO rollouts through ``rollout_func`` (engine/grpo_rollouts.py) with TRL's real GRPOTrainer.
+"""GRPO rollouts through ``rollout_func`` (engine/commands/grpo/rollouts.py) with TRL's real GRPOTrainer.
 
 A tiny random Llama (the default model's tokenizer) trains for a few optimiser steps; a small fake
 back-end stands in for vLLM (the real engine runs in tests/test_grpo.py::test_tiny_real_run): it
@@ -25,7 +25,7 @@ class FakeBackend:
         self.calls: list[dict] = []
 
     def generate(self, prompts, adapters, sampling, use_tqdm=True):
-        from engine.adapters import read_adapter
+        from engine.lora.files import read_adapter
 
         assert sampling.logprobs and sampling.n == 1 and len(set(adapters)) == 1
         lora, _ = read_adapter(adapters[0].path)
@@ -52,8 +52,8 @@ def tiny_trainer(tmp_path, focal_gamma: float = 0.0, max_steps: int = 3, seed: i
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
     from trl import GRPOConfig
 
-    from engine.grpo import focal_trainer_class
-    from engine.grpo_rollouts import AdapterPublisher, VLLMRollouts
+    from engine.grpo.focal import focal_trainer_class
+    from engine.grpo.rollouts import AdapterPublisher, VLLMRollouts
     from engine.model import resolve_model_path
     from engine.prompts import chat_messages
 
@@ -87,7 +87,7 @@ def lora_after_each_step(trainer) -> list[dict]:
     """LoRA state before training, then after every optimiser step (a callback appends copies)."""
     from transformers import TrainerCallback
 
-    from engine.grpo_rollouts import lora_state
+    from engine.grpo.rollouts import lora_state
 
     states = [{k: v.clone().float() for k, v in lora_state(trainer.model).items()}]
 
@@ -145,8 +145,8 @@ def test_publisher_ids_and_files(tmp_path):
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from engine.adapters import read_adapter
-    from engine.grpo_rollouts import AdapterPublisher
+    from engine.lora.files import read_adapter
+    from engine.grpo.rollouts import AdapterPublisher
 
     base = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                         num_attention_heads=2, num_key_value_heads=1))

@@ -140,7 +140,7 @@ def test_this_machine_resolves():
 
 def test_sft_cache_key_follows_the_training_dtype():
     from engine.config import LoRAConfig, SFTConfig
-    from engine.sft import sft_hash
+    from engine.lora.sft import sft_hash
     from engine.tasks import Problem
 
     rows = [Problem("p1", "1 + 1?", "2", "1 + 1 = 2. The final answer is \\boxed{2}.")]
@@ -155,7 +155,7 @@ def test_sft_cache_key_follows_the_training_dtype():
 
 
 def test_bench_records_and_prints_flags_and_dtype():
-    from engine.bench import format_table, machine_info
+    from engine.commands.bench import format_table, machine_info
 
     dev = cpu(AVX2, model="AMD EPYC 7B13", cores=2)
     machine = machine_info(dev)

@@ -24,8 +24,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from engine import interrupts
-from engine.cli import CONF_DIR
-from engine.config import register_configs
+from engine.config import CONF_DIR
+from engine.commands import register_configs
 
 register_configs()
 REPO = Path(__file__).resolve().parent.parent
@@ -99,7 +99,7 @@ class FakeEvaluator:
         self.closed = False
 
     def evaluate(self, genomes, problems, generation, sampling, first_candidate=0, use_tqdm=True):
-        from engine.population import EvalResult
+        from engine.evaluation.population import EvalResult
 
         if generation == self.interrupt_at:
             ckpt = self.run_dir / "checkpoint.pkl"
@@ -143,21 +143,20 @@ def fake_run(monkeypatch, tmp_path):
     """run_train with everything heavy replaced: no model, no SFT, no tokenizer, a fake evaluator."""
     import transformers
 
-    import engine.loop as loop
-    from engine.adapters import write_adapter
+    from engine.lora.files import write_adapter
     from strategies.genomes import random_lora
 
     sft = write_adapter(tmp_path / "sft", random_lora(num_layers=2, rank=8, hidden=32, kv_dim=16), 8, 16.0, "fake")
-    monkeypatch.setattr(loop, "resolve_model_path", lambda path, *a: "fake-model")
-    monkeypatch.setattr(loop, "warm_start", lambda *a, **k: sft)
+    monkeypatch.setattr("engine.model.resolve_model_path", lambda path, *a: "fake-model")
+    monkeypatch.setattr("engine.lora.sft.warm_start", lambda *a, **k: sft)
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", staticmethod(lambda *a, **k: None))
     made = {}
 
     def build(interrupt_at: int, engine_dies: bool = False):
-        def build_evaluator(cfg, model_path, codec, meta, tokenizer):
+        def build_evaluator(*args, **kwargs):
             made["evaluator"] = FakeEvaluator(tmp_path / "run", interrupt_at, engine_dies)
             return made["evaluator"]
-        monkeypatch.setattr(loop, "build_evaluator", build_evaluator)
+        monkeypatch.setattr("engine.evaluation.build.build_evaluator", build_evaluator)
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name="train", overrides=["+experiment=tiny", "generations=3", "eval.baselines=false",
                                                           "task.train_size=16", "task.val_size=2"])
@@ -169,7 +168,7 @@ def fake_run(monkeypatch, tmp_path):
 @pytest.mark.parametrize("engine_dies", [False, True], ids=["keyboard-interrupt", "engine-dead-after-sigint"])
 def test_interrupt_keeps_the_last_generations_checkpoint(fake_run, engine_dies, capsys):
     from engine import io
-    from engine.loop import run_train
+    from engine.commands.train import run_train
 
     build, run_dir = fake_run
     cfg, made = build(interrupt_at=1, engine_dies=engine_dies)
@@ -180,7 +179,7 @@ def test_interrupt_keeps_the_last_generations_checkpoint(fake_run, engine_dies, 
     assert ev.checkpoint_before is not None, "generation 0 left no checkpoint"
     # generation 1's ask() had already moved the strategy on: the checkpoint must not take that state
     assert (run_dir / "checkpoint.pkl").read_bytes() == ev.checkpoint_before
-    assert io.read_pickle(run_dir / "checkpoint.pkl")["run_state"].generation == 0
+    assert io.read_pickle(run_dir / "checkpoint.pkl")["run_state"]["generation"] == 0
     err = capsys.readouterr().err
     assert f"checkpoint of generation 0 in {run_dir / 'checkpoint.pkl'}" in err and f"resume={run_dir}" in err
     assert ("EngineDead after Ctrl-C" in err) == engine_dies
@@ -188,7 +187,7 @@ def test_interrupt_keeps_the_last_generations_checkpoint(fake_run, engine_dies, 
 
 
 def test_interrupt_before_the_first_generation_finished_has_nothing_to_resume(fake_run, capsys):
-    from engine.loop import run_train
+    from engine.commands.train import run_train
 
     build, run_dir = fake_run
     cfg, made = build(interrupt_at=0)
@@ -202,7 +201,7 @@ def test_interrupt_before_the_first_generation_finished_has_nothing_to_resume(fa
 
 
 def test_an_error_without_an_interrupt_is_not_an_interrupt(fake_run, capsys, monkeypatch):
-    from engine.loop import run_train
+    from engine.commands.train import run_train
 
     build, run_dir = fake_run
     cfg, made = build(interrupt_at=-1)
@@ -220,7 +219,7 @@ def test_resume_redoes_the_validation_the_interrupt_cut_short(fake_run, monkeypa
     """Ctrl-C in the validation after generation 0 (checkpoint of generation 0 already written):
     the resumed run validates step 1 before generation 1, so validation.parquet has every step."""
     from engine import io
-    from engine.loop import run_train
+    from engine.commands.train import run_train
 
     build, run_dir = fake_run
     cfg, made = build(interrupt_at=-1)  # eval.every = 1 (tiny): a validation after every generation
@@ -237,7 +236,7 @@ def test_resume_redoes_the_validation_the_interrupt_cut_short(fake_run, monkeypa
     with interrupts.handling():
         with pytest.raises(KeyboardInterrupt):
             run_train(cfg, run_dir)
-    assert io.read_pickle(run_dir / "checkpoint.pkl")["run_state"].generation == 0
+    assert io.read_pickle(run_dir / "checkpoint.pkl")["run_state"]["generation"] == 0
     assert not (run_dir / "validation.parquet").exists()
 
     interrupts.reset()
@@ -246,3 +245,34 @@ def test_resume_redoes_the_validation_the_interrupt_cut_short(fake_run, monkeypa
     steps = sorted({(r["step"], r["condition"]) for r in io.read_rows(run_dir / "validation.parquet")})
     assert steps == [(1, "mean"), (2, "mean"), (3, "best"), (3, "mean")]
     assert calls[1] == ["g0c5"]  # redone first, on the mean genome checkpointed after generation 0 (P = 4)
+
+
+def test_a_version_1_checkpoint_resumes_exactly(fake_run):
+    """A run checkpointed by the code before the restructuring (tests/fixtures/checkpoint_v1: version 1,
+    ``RunState`` pickled under its old class path ``engine.loop.RunState``, 1 generation) resumes on
+    today's code, which continues from generation 1 and reproduces the uninterrupted old run (3
+    generations) exactly: the same candidates, so the same fitness, and the same sigma."""
+    import json
+    import shutil
+
+    from engine import io
+    from engine.commands.train import run_train
+    from engine.commands.train_checkpoint import CHECKPOINT_VERSION
+
+    fixture = Path(__file__).parent / "fixtures" / "checkpoint_v1"
+    build, run_dir = fake_run
+    shutil.copytree(fixture, run_dir)
+    import types
+    assert io.read_pickle(run_dir / "checkpoint.pkl", classes={("engine.loop", "RunState"): types.SimpleNamespace})["version"] == 1
+    cfg, made = build(interrupt_at=-1)
+    cfg.resume, cfg.report = str(run_dir), False
+    run_train(cfg, run_dir)
+    got = io.read_rows(run_dir / "metrics.parquet")
+    want = json.loads((fixture / "expected.json").read_text())["uninterrupted"]
+    assert [r["generation"] for r in got] == [0, 1, 2]
+    for g, w in zip(got, want):
+        for key in ("fitness_mean", "fitness_max", "fitness_min", "fitness_center", "sigma"):
+            assert g[key] == pytest.approx(w[key], rel=1e-12, abs=1e-12), (g["generation"], key)
+    ckpt = io.read_pickle(run_dir / "checkpoint.pkl")
+    assert ckpt["version"] == CHECKPOINT_VERSION == 2 and ckpt["run_state"]["generation"] == 2
+    assert isinstance(ckpt["run_state"], dict)  # plain data now: no class path to move

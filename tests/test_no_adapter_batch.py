@@ -44,9 +44,9 @@ def _cuda() -> bool:
 # ----------------------------------------------------------------------------- unit tier
 @pytest.fixture
 def clean_plugin():
-    """engine.fast_lora.plugin with nothing installed in this process, before and after."""
+    """engine.backends.fast_lora.plugin with nothing installed in this process, before and after."""
     pytest.importorskip("vllm.lora.punica_wrapper.punica_cpu")
-    from engine.fast_lora import plugin
+    from engine.backends.fast_lora import plugin
     plugin.uninstall()
     yield plugin
     plugin.uninstall()
@@ -103,7 +103,7 @@ def test_plugin_masks_vllm_ops_with_fast_kernels_on_or_off(clean_plugin, monkeyp
     (True, False, False, True, "split"),  # untested vLLM, its own ops: the back-end splits the batch
 ])
 def test_no_adapter_plan(cpu, mask, fast, eager, expected):
-    from engine.fast_lora import plugin
+    from engine.backends.fast_lora import plugin
     assert plugin.no_adapter_plan(cpu, mask, fast, eager) == expected
     assert expected in plugin.NO_ADAPTER_PLAN_TEXT
 
@@ -179,11 +179,11 @@ def setup(tmp_path_factory):
     from hydra import compose, initialize_config_dir
     from transformers import AutoConfig, AutoTokenizer
 
-    from engine.adapters import write_adapter
-    from engine.cli import CONF_DIR
-    from engine.config import register_configs
+    from engine.lora.files import write_adapter
+    from engine.config import CONF_DIR
+    from engine.commands import register_configs
     from engine.model import resolve_model_path
-    from engine.population import AdapterMeta
+    from engine.lora.files import AdapterMeta
     from engine.tasks import load_task
     from tests.helpers import random_lora
 
@@ -203,7 +203,7 @@ def setup(tmp_path_factory):
 def _cfg(backend: str, fast: bool):
     from hydra import compose, initialize_config_dir
 
-    from engine.cli import CONF_DIR
+    from engine.config import CONF_DIR
 
     overrides = ["+experiment=tiny", f"engine={backend}", "engine.max_loras=1", f"engine.fast_lora={fast}",
                  "engine.kv_cache_gib=1", "model.dtype=float32"]
@@ -220,13 +220,13 @@ def _cfg(backend: str, fast: bool):
 def test_no_adapter_rows_are_the_base_model(setup, backend, fast, caplog):
     if fast and _cuda():
         pytest.skip("essa's fast LoRA kernels are CPU only; on a GPU engine.fast_lora changes nothing")
-    from engine.loop import build_evaluator
+    from tests.helpers import train_evaluator
 
     caplog.set_level(logging.INFO)
     cfg = _cfg(backend, fast)
     s = setup
     sampling = Sampling(max_tokens=MAX_TOKENS, temperature=0.0, n=1, seed=0)
-    ev = build_evaluator(cfg, s["model"], None, s["meta"], s["tokenizer"])
+    ev = train_evaluator(cfg, s["model"], None, s["meta"], s["tokenizer"])
     try:
         _, mixed, *_ = ev.score([None, s["adapter"]], s["problems"], sampling)  # completions [A][N][G]
         _, alone, *_ = ev.score([None], s["problems"], sampling)
@@ -251,11 +251,11 @@ def test_common_seeds_make_equal_weights_sample_equal_completions(setup):
     """With real vLLM at temperature 1: the same adapter served as two candidates (two ids) samples
     the same completion for every prompt when the seeds are common, and other completions when each
     request draws its own seed; so under common seeds candidates differ only by their weights."""
-    from engine.loop import build_evaluator
+    from tests.helpers import train_evaluator
 
     s = setup
     twin = AdapterRef("twin", lora_int_id(-1, 1), s["adapter"].path)
-    ev = build_evaluator(_cfg("local", True), s["model"], None, s["meta"], s["tokenizer"])
+    ev = train_evaluator(_cfg("local", True), s["model"], None, s["meta"], s["tokenizer"])
     try:
         texts = {}
         for common in (True, False):

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from engine.adapters import read_adapter
+from engine.lora.files import read_adapter
 
 pytestmark = pytest.mark.integration
 

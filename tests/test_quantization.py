@@ -131,7 +131,7 @@ def serve(qdir: str, float_path: str, out_json: str, adapter_dir: str) -> None:
     sys.path.insert(0, str(REPO))
     import torch
 
-    from engine.adapters import write_adapter
+    from engine.lora.files import write_adapter
     from engine.backends import AdapterRef, Sampling
     from engine.backends.vllm_local import VLLMBackend
     from engine.prompts import build_prompt

@@ -1,4 +1,4 @@
-"""The Ray back-end (engine/backends/ray_backend.py).
+"""The Ray back-end (engine/evaluation/ray_population.py).
 
 Fast tier: shard arithmetic, CPU binding, rollout merging, the back-end keyword arguments (must
 match the local engine's), and the fault-tolerant scheduler on a local Ray cluster with fake actors
@@ -31,10 +31,11 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from engine.backends import AdapterRef, Sampling, lora_int_id
-from engine.backends.ray_backend import (MAX_SHARD_ATTEMPTS, RayPopulationEvaluator, backend_kwargs, balanced_shards,
-                                         bind_cores, cpu_bind, failed_shard, merge_rollouts, read_adapter_files)
-from engine.cli import CONF_DIR
-from engine.config import register_configs
+from engine.backends.vllm_local import backend_kwargs
+from engine.commands import register_configs
+from engine.config import CONF_DIR
+from engine.evaluation.ray_population import (MAX_SHARD_ATTEMPTS, RayPopulationEvaluator, balanced_shards, bind_cores,
+                                              cpu_bind, failed_shard, merge_rollouts, read_adapter_files)
 from engine.tasks import Problem
 
 register_configs()
@@ -107,7 +108,7 @@ def test_bind_cores(bind, cores):
 
 PIN = """
 import os, threading, time, torch
-from engine.backends.ray_backend import pin_to_cores
+from engine.evaluation.ray_population import pin_to_cores
 threading.Thread(target=time.sleep, args=(3,), daemon=True).start()  # a thread that exists before the pin
 n = pin_to_cores([0])
 late = threading.Thread(target=time.sleep, args=(3,), daemon=True)
@@ -156,23 +157,43 @@ def test_read_adapter_files(tmp_path):
         read_adapter_files(tmp_path / "missing")
 
 
+def engine_kwargs(cfg) -> dict:
+    """The engine arguments essa train gives every engine of ``cfg`` (engine/evaluation/build.py)."""
+    return backend_kwargs(cfg.engine, max_lora_rank=cfg.lora.rank, max_loras=cfg.strategy.population_size + 2,
+                          max_model_len=cfg.model.max_model_len, dtype=cfg.model.dtype, seed=cfg.seed)
+
+
+def ray_evaluator(t) -> RayPopulationEvaluator:
+    cfg = t["cfg"]
+    return RayPopulationEvaluator(cfg.engine, engine_kwargs(cfg), t["model_path"], cfg.model.path, cfg.model.quantization,
+                                  t["codec"], t["meta"], t["reward"], cfg.task.system_prompt)
+
+
 def test_backend_kwargs_match_the_local_engine(monkeypatch):
-    """The actors' engines get exactly the arguments engine.loop.build_evaluator gives the local one."""
+    """The actors' engines get exactly the arguments build_evaluator gives the local one, and
+    engine.tensor_parallel_size reaches vLLM on both."""
     import engine.backends.vllm_local as vllm_local
-    from engine.loop import build_evaluator
+    import engine.evaluation.ray_population as ray_population
+    from engine.evaluation.build import build_evaluator
+    from engine.lora.files import AdapterMeta
 
     seen = {}
 
-    class Recorder:
-        def __init__(self, model, **kwargs):
-            seen.update(kwargs)
+    def local_engine(model, **kwargs):
+        seen["local"] = kwargs
 
-    monkeypatch.setattr(vllm_local, "VLLMBackend", Recorder)
-    cfg = train_cfg("engine=ray", "+experiment=tiny")
-    local = OmegaConf.merge(cfg, {"engine": {"backend": "local"}})
-    ev = build_evaluator(local, "model", codec=None, meta=None, tokenizer=None)
-    ev.close()
-    assert backend_kwargs(cfg) == seen
+    def ray_actors(engine, kwargs, *args):
+        seen["ray"] = kwargs
+
+    monkeypatch.setattr(vllm_local, "VLLMBackend", local_engine)
+    monkeypatch.setattr(ray_population, "RayPopulationEvaluator", ray_actors)
+    cfg = train_cfg("engine=ray", "+experiment=tiny", "engine.tensor_parallel_size=2")
+    meta = AdapterMeta(cfg.lora.rank, cfg.lora.alpha, tuple(cfg.lora.target_modules), "model")
+    for backend in ("local", "ray"):
+        c = OmegaConf.merge(cfg, {"engine": {"backend": backend}})
+        build_evaluator(c.engine, c.model, "model", None, meta, None, None, "", c.seed, c.strategy.population_size + 2)
+    assert seen["local"] == seen["ray"] == engine_kwargs(cfg)
+    assert seen["local"]["extra"]["tensor_parallel_size"] == 2
 
 
 # -- the scheduler, on a real local Ray cluster with fake actors ------------------------------------
@@ -256,11 +277,11 @@ def test_dispatch_raises_when_every_actor_is_dead(ray_cluster, tmp_path):
 @pytest.fixture(scope="module")
 def tiny():
     """Composed tiny ray config, SFT adapter (cached warm start), codec, reward, genomes, minibatches."""
-    from engine.adapters import read_adapter
-    from engine.loop import minibatch
+    from engine.lora.files import read_adapter
+    from engine.tasks import minibatch
     from engine.model import resolve_model_path
-    from engine.population import AdapterMeta
-    from engine.sft import warm_start
+    from engine.lora.files import AdapterMeta
+    from engine.lora.sft import warm_start
     from engine.tasks import load_task
     from rewards import MathReward
     from strategies.genomes import make_genome
@@ -288,7 +309,7 @@ def _shard_jobs(genomes, problems, generation: int, sampling: Sampling, num_acto
 
 
 def _merged(parts):
-    from engine.population import EvalResult
+    from engine.evaluation.population import EvalResult
 
     return EvalResult(np.concatenate([p.fitness for p in parts]), np.concatenate([p.rewards for p in parts]),
                       merge_rollouts([p.rollouts for p in parts]), {}, sum(p.tokens for p in parts))
@@ -301,7 +322,7 @@ def _actor_like_reference(t, jobs: list[tuple], tmp_path: Path) -> list:
     cfg = t["cfg"]
     actor = dict(index=0, model_path=str(t["model_path"]), model_spec=str(cfg.model.path), codec=t["codec"],
                  reward_fn=t["reward"], meta=t["meta"], system_prompt=str(cfg.task.system_prompt),
-                 engine_kwargs=backend_kwargs(cfg), adapter_root=None, run_token=f"ref{os.getpid()}",
+                 engine_kwargs=engine_kwargs(cfg), adapter_root=None, run_token=f"ref{os.getpid()}",
                  cpu_cores=max(1, int(round(cfg.engine.cpus_per_actor))), quantization=cfg.model.quantization)
     (tmp_path / "jobs.pkl").write_bytes(pickle.dumps({"actor": actor, "jobs": jobs}))
     proc = subprocess.run([sys.executable, "-m", "tests.actor_like_engine", str(tmp_path / "jobs.pkl"),
@@ -337,7 +358,7 @@ def test_ray_equals_local_and_survives_sigkill(tiny, caplog, tmp_path):
     assert len(set(want2.rollouts["completion"])) > 1  # candidates differ: the comparison means something
 
     # 2. two actors, one core each
-    ray_ev = RayPopulationEvaluator(t["cfg"], t["model_path"], t["codec"], t["meta"], t["reward"])
+    ray_ev = ray_evaluator(t)
     try:
         rw, comps, ex, st = ray_ev.score([None, sft_ref], t["val"], s)
         np.testing.assert_array_equal(rw, np.concatenate([w[0] for w in want_score]))
@@ -374,7 +395,7 @@ def test_ray_equals_local_and_survives_sigkill(tiny, caplog, tmp_path):
         assert got.timings["actor0_tokens_per_s"] > 0 and got.timings["actor1_tokens_per_s"] > 0, caplog.text
     finally:
         ray_ev.close()
-    from engine.population import default_adapter_root
+    from engine.lora.files import default_adapter_root
     assert not list(default_adapter_root(None).glob(f"essa-ray-{ray_ev._run_token}-a*"))  # nothing left in RAM
 
 

@@ -1,4 +1,4 @@
-"""engine/report.py on the recorded run directory tests/fixtures/run_small (make_run_small.py)."""
+"""engine/results/report.py on the recorded run directory tests/fixtures/run_small (make_run_small.py)."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from engine.report import build_figures, cli, legend_texts, load_run, make_report
+from engine.results.report import build_figures, cli, legend_texts, load_run, make_report
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "run_small"
 # Expectations are read from the fixture's own files, so a recorded real run can replace it.

@@ -1,4 +1,4 @@
-"""The SFT warm-start cache (engine/sft.py) leaves no temp directory behind, without training a model:
+"""The SFT warm-start cache (engine/lora/sft.py) leaves no temp directory behind, without training a model:
 ``_train`` is replaced by a stand-in that writes a partial adapter and waits.
 
 * SIGTERM in the middle of a warm start removes its temp dir and still ends the process by SIGTERM;
@@ -23,7 +23,7 @@ LORA = types.SimpleNamespace(rank=8, alpha=16, target_modules=["q_proj"])
 
 CHILD = """
 import sys, time, types
-import engine.sft as sft
+import engine.lora.sft as sft
 from engine.tasks import Problem
 
 def slow_train(model_path, examples, sft_cfg, lora_cfg, system_prompt, out, dtype="float32"):
@@ -55,7 +55,7 @@ def test_sigterm_during_warm_start_removes_the_temp_dir(tmp_path):
 
 
 def test_error_during_warm_start_removes_the_temp_dir(tmp_path, monkeypatch):
-    import engine.sft as sft
+    import engine.lora.sft as sft
     from engine.tasks import Problem
 
     def broken(model_path, examples, sft_cfg, lora_cfg, system_prompt, out, dtype="float32"):
@@ -71,7 +71,7 @@ def test_error_during_warm_start_removes_the_temp_dir(tmp_path, monkeypatch):
 
 
 def test_cache_lookup_removes_a_killed_warm_starts_temp_dir(tmp_path, monkeypatch):
-    import engine.sft as sft
+    import engine.lora.sft as sft
     from engine.tasks import Problem
 
     problems = [Problem("p/0", "q", "1", "s")]

@@ -21,8 +21,9 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 
-from engine.cli import CONF_DIR
-from engine.config import ConfigError, register_configs
+from engine.config import CONF_DIR
+from engine.commands import register_configs
+from engine.config import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 ESSA = str(Path(sys.executable).parent / "essa")
@@ -68,34 +69,34 @@ def test_plugin_is_a_group_option_with_its_own_config(plugin_entry_point):
 @pytest.mark.parametrize("override", ["strategy.name=random_search",
                                       "strategy._target_=essa_plugin_example.RandomSearch"])
 def test_name_or_target_over_other_options_gives_the_group_option(plugin_entry_point, override):
-    from engine.plugins import check_strategy_choice
+    from engine.search.plugins import check_strategy_choice
 
     cfg = compose_train(override)
     with pytest.raises(ConfigError) as e:
-        check_strategy_choice(cfg, cfg.hydra.runtime.choices.strategy)
+        check_strategy_choice(cfg.strategy, cfg.seed, cfg.hydra.runtime.choices.strategy)
     msg = str(e.value)
     assert "\n" not in msg and override in msg and "strategy=random_search" in msg, msg
 
 
 def test_target_without_group_option_gives_the_keys_to_drop(plugin_module):
-    from engine.plugins import check_strategy_choice
+    from engine.search.plugins import check_strategy_choice
 
     cfg = compose_train("strategy._target_=essa_plugin_example.RandomSearch")
     with pytest.raises(ConfigError, match=r"drop them: ~strategy\.options\.diagonal$"):
-        check_strategy_choice(cfg, cfg.hydra.runtime.choices.strategy)
+        check_strategy_choice(cfg.strategy, cfg.seed, cfg.hydra.runtime.choices.strategy)
     fixed = compose_train("strategy._target_=essa_plugin_example.RandomSearch", "~strategy.options.diagonal")
-    check_strategy_choice(fixed, fixed.hydra.runtime.choices.strategy)  # the suggested fix passes
+    check_strategy_choice(fixed.strategy, fixed.seed, fixed.hydra.runtime.choices.strategy)  # the suggested fix passes
 
 
 def test_built_in_choice_and_compatible_name_pass():
-    from engine.plugins import check_strategy_choice
+    from engine.search.plugins import check_strategy_choice
 
     for overrides in ((), ("strategy=sep_cma",), ("strategy.name=cma_es",)):  # cma_es takes essa's options
         cfg = compose_train(*overrides)
-        check_strategy_choice(cfg, cfg.hydra.runtime.choices.strategy)
+        check_strategy_choice(cfg.strategy, cfg.seed, cfg.hydra.runtime.choices.strategy)
     cfg = compose_train("strategy.name=sep_cma")  # sep_cma rejects diagonal=false and has its own option
     with pytest.raises(ConfigError, match="strategy=sep_cma"):
-        check_strategy_choice(cfg, cfg.hydra.runtime.choices.strategy)
+        check_strategy_choice(cfg.strategy, cfg.seed, cfg.hydra.runtime.choices.strategy)
 
 
 # --- multirun through the console script --------------------------------------------------------
@@ -158,7 +159,7 @@ def _job(sweep: Path, num: str, overrides: list[str], summary: dict | None = Non
 
 
 def test_sweep_table_best_first_with_intervals(tmp_path):
-    from engine.report import is_sweep_dir, load_sweep, make_sweep_report, sweep_table
+    from engine.results.report import is_sweep_dir, load_sweep, make_sweep_report, sweep_table
 
     sweep = tmp_path / "multirun" / "2026-12-01_00-00-00"
     _job(sweep, "0", ["strategy.sigma0=0.1"], {"val": {"sft": 0.5, "mean": 0.25}, "wall_s": 12.5}, run_files=True)
@@ -185,7 +186,7 @@ def test_sweep_table_best_first_with_intervals(tmp_path):
 
 
 def test_report_of_a_directory_without_jobs_is_one_line(tmp_path):
-    from engine.report import cli
+    from engine.results.report import cli
 
     with pytest.raises(SystemExit) as e:
         cli([str(tmp_path)])
@@ -193,7 +194,7 @@ def test_report_of_a_directory_without_jobs_is_one_line(tmp_path):
 
 
 def test_a_refused_run_dir_is_removed_only_when_it_holds_nothing_but_hydra_files(tmp_path):
-    from engine.cli import remove_refused_run_dir
+    from engine.cli.hydra_app import remove_refused_run_dir
 
     refused = tmp_path / "refused"
     (refused / ".hydra").mkdir(parents=True)

@@ -78,7 +78,7 @@ def test_malformed_jsonl_line_names_file_and_line(tmp_path):
                                          r"line 2: Expecting value\); fix or delete those lines"):
         load_task(task_cfg(name="mine", reader="gsm8k", path=str(f), train_split="train", val_split="train",
                            val_size=1))
-    from engine.bench import load_questions
+    from engine.commands.bench import load_questions
     (tmp_path / "b.jsonl").write_text(f"{good}\nx\n")
     with pytest.raises(ValueError, match="bench.data: .* line 2 is not valid JSON"):
         load_questions(str(tmp_path / "b.jsonl"), 1)
@@ -166,7 +166,7 @@ def test_single_real_file_has_no_train_val_overlap():
 
 
 def test_bench_question_loader_names_data(tmp_path):
-    from engine.bench import load_questions
+    from engine.commands.bench import load_questions
 
     f = tmp_path / "q.jsonl"
     f.write_bytes(b'{"question": "caf\xe9?", "answer": "#### 1"}\n')
@@ -176,7 +176,7 @@ def test_bench_question_loader_names_data(tmp_path):
 
 
 def test_bench_populations_are_checked():
-    from engine.bench import check_settings
+    from engine.commands.bench_config import validate as check_settings
 
     base = {"populations": [16, 4], "prompts_per_candidate": 8, "max_tokens": 32, "phases_population": 2}
     assert check_settings(OmegaConf.create(base)) == ([2, 4, 16], 8, 32, 2)

@@ -19,7 +19,7 @@ What is kept exactly:
   move, s (1 + x) (``--mode relative``, the default run's) or s + x (``additive``). The torch path
   below reuses the codec's own U, s and V^T and its float64-offsets / float32-products order, and is
   checked against ``codec.decode`` at x0 (must give the adapter back) and at the final x.
-* the loss: the warm start's (engine/sft.py ``_train``): the same rows (``sft_examples`` of the
+* the loss: the warm start's (engine/lora/sft.py ``_train``): the same rows (``sft_examples`` of the
   task's train split, the same system prompt and conversational prompt/completion format), prepared
   by TRL's ``SFTTrainer`` with the same ``max_length`` and ``completion_only_loss=True``, and the loss
   is ``SFTTrainer.compute_loss`` (mean token NLL on the completion).
@@ -32,7 +32,7 @@ Gradient checkpointing is off (it changes speed, not the loss).
 
 Outputs in ``--out``:
 
-* ``adapter/``: the PEFT adapter of the final x, ``engine.adapters.write_adapter(codec.decode(x))``
+* ``adapter/``: the PEFT adapter of the final x, ``engine.lora.files.write_adapter(codec.decode(x))``
   as ``essa train`` exports ``adapters/mean``, ready for ``essa eval``;
 * ``capacity.json``: settings, D, per-step loss / gradient norm / max |x| / seconds, the loss on a
   fixed subset of the SFT rows and on train rows the SFT never saw, at x0 and at the final x, and
@@ -74,8 +74,8 @@ import numpy as np
 import torch
 
 from engine import io
-from engine.adapters import read_adapter, write_adapter
-from engine.sft import sft_examples, sft_rows, warm_start
+from engine.lora.files import read_adapter, write_adapter
+from engine.lora.sft import sft_examples, sft_rows, warm_start
 
 log = logging.getLogger("essa.capacity")
 
@@ -86,8 +86,9 @@ def compose_train_config(overrides: list[str]):
     """conf/train.yaml composed with Hydra's compose API, as ``essa train <overrides>`` sees it."""
     from hydra import compose, initialize_config_dir
 
-    from engine.cli import CONF_DIR
-    from engine.config import register_configs, validate
+    from engine.commands import register_configs
+    from engine.commands.train_config import validate
+    from engine.config import CONF_DIR
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -97,7 +98,7 @@ def compose_train_config(overrides: list[str]):
 
 
 def resolve_sft_dir(cfg, model_path: str, train) -> Path:
-    """The warm start ``essa train`` uses with ``cfg`` (engine/loop.py): cached, or trained now."""
+    """The warm start ``essa train`` uses with ``cfg`` (engine/commands/train.py): cached, or trained now."""
     from engine.hardware import resolve_dtype
 
     sft_dtype, _ = resolve_dtype(cfg.model.dtype, purpose="training", log_choice=False)

@@ -11,12 +11,10 @@ import os
 import time
 from typing import Sequence
 
-from . import AdapterRef, Completion, Sampling
+from engine.backends import AdapterRef, Completion, Sampling
+from engine.config import VLLM_LORA_RANKS
 
 log = logging.getLogger("essa.engine")
-
-# vLLM accepts these max_lora_rank values (vllm/config/lora.py).
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 def round_lora_rank(rank: int) -> int:
@@ -31,6 +29,28 @@ def round_lora_rank(rank: int) -> int:
     raise ValueError(f"lora.rank={rank} exceeds vLLM's max_lora_rank {VLLM_LORA_RANKS[-1]}; use a smaller rank")
 
 
+def backend_kwargs(engine, *, max_lora_rank: int, max_loras: int, max_model_len: int, dtype: str, seed: int,
+                   enable_lora: bool = True) -> dict:
+    """:class:`VLLMBackend` keyword arguments from an ``engine`` config group (engine/config.py
+    ``EngineConfig``) and plain values: the one mapping from config to engine, for every engine of a
+    run (local, each Ray actor, essa eval, essa bench), so they all run the same kernels.
+
+    ``max_loras`` is what the caller needs resident (e.g. P + 2); ``engine.max_loras`` overrides it.
+    ``engine.tensor_parallel_size`` > 1 becomes vLLM's ``tensor_parallel_size`` with the ``mp`` executor.
+    """
+    from omegaconf import OmegaConf
+
+    extra = OmegaConf.to_container(engine.extra, resolve=True) if OmegaConf.is_config(engine.extra) else engine.extra
+    extra = dict(extra or {})
+    if engine.tensor_parallel_size > 1:
+        extra.setdefault("tensor_parallel_size", int(engine.tensor_parallel_size))
+        extra.setdefault("distributed_executor_backend", "mp")
+    return dict(max_lora_rank=max_lora_rank, max_loras=engine.max_loras or max_loras, max_model_len=max_model_len,
+                dtype=dtype, seed=seed, gpu_memory_utilization=engine.gpu_memory_utilization,
+                kv_cache_gib=engine.kv_cache_gib, enforce_eager=engine.enforce_eager, enable_lora=enable_lora,
+                max_num_seqs=engine.max_num_seqs, fast_lora=engine.fast_lora, extra=extra)
+
+
 def is_cpu_platform() -> bool:
     """True when vLLM runs on its CPU back-end (no CUDA/ROCm device visible)."""
     try:
@@ -43,10 +63,10 @@ def is_cpu_platform() -> bool:
 def no_adapter_plan(cpu: bool, fast_lora: bool, enforce_eager: bool) -> str:
     """How this process's next engine keeps requests without an adapter on the base model beside
     adapter requests: ``"gpu"``, ``"mask"``, ``"fast"`` or ``"split"``
-    (:func:`engine.fast_lora.plugin.no_adapter_plan`). Call after ``LLM(...)`` started: vLLM loads
+    (:func:`engine.backends.fast_lora.plugin.no_adapter_plan`). Call after ``LLM(...)`` started: vLLM loads
     essa's plugin in this process too, so whether vLLM's CPU ops are masked here tells whether
     they are in the engine's processes."""
-    from ..fast_lora import plugin
+    from engine.backends.fast_lora import plugin
 
     if not cpu:
         return "gpu"
@@ -106,12 +126,12 @@ class VLLMBackend:
         self.cpu = is_cpu_platform()
         if self.cpu:
             configure_cpu_env(kv_cache_gib=kv_cache_gib)
-        # read by engine.fast_lora.plugin in every vLLM process (the plugin entry point)
+        # read by engine.backends.fast_lora.plugin in every vLLM process (the plugin entry point)
         os.environ["ESSA_FAST_LORA"] = "1" if (fast_lora and self.cpu) else "0"
         from vllm import LLM
 
         if dtype == "auto":  # e.g. Ray actors: each resolves on its own node
-            from ..hardware import resolve_dtype
+            from engine.hardware import resolve_dtype
             dtype, _ = resolve_dtype("auto", log_choice=False)
         self.dtype = dtype
         kwargs = dict(model=model, dtype=dtype, seed=seed, max_model_len=max_model_len,
@@ -136,7 +156,7 @@ class VLLMBackend:
         self.no_adapter = "none"
         if enable_lora:
             self.no_adapter = no_adapter_plan(self.cpu, fast_lora, bool(kwargs.get("enforce_eager")))
-            from ..fast_lora.plugin import NO_ADAPTER_PLAN_TEXT
+            from engine.backends.fast_lora.plugin import NO_ADAPTER_PLAN_TEXT
             log.info("vLLM engine up (dtype %s): requests without an adapter: %s", self.dtype,
                      NO_ADAPTER_PLAN_TEXT[self.no_adapter])
 

@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import inspect
 import logging
-from pathlib import Path
 
-from omegaconf import OmegaConf
-
-from .config import ConfigError
+from engine.config import CONF_DIR, ConfigError
+from engine.search import strategy_class, strategy_options
 
 log = logging.getLogger("essa")
 
-CONF_STRATEGY_DIR = Path(__file__).resolve().parent.parent / "conf" / "strategy"
+CONF_STRATEGY_DIR = CONF_DIR / "strategy"
 STRATEGY_FIELDS = ("population_size", "sigma0", "options", "genome")
 
 
@@ -94,22 +92,13 @@ def _rejected_keys(cls, options: dict) -> list[str]:
     return [k for k in options if k not in params] or list(options)
 
 
-def strategy_class(s):
-    """The Strategy class the ``strategy`` config names: ``strategy._target_`` when set, else
-    ``strategy.name``; a name that resolves to nothing raises ValueError naming that field
-    (``strategies.get_strategy``)."""
-    from strategies import get_strategy
-
-    return get_strategy(s._target_ or s.name, "strategy._target_" if s._target_ else "strategy.name")
-
-
-def check_strategy_choice(cfg, choice: str | None) -> None:
+def check_strategy_choice(s, seed: int, choice: str | None) -> None:
     """Catch a strategy picked by ``strategy.name=`` / ``strategy._target_=`` on top of another
     group option whose ``strategy.options`` the picked class rejects (Hydra merges the override
     into the group option; ``'strategy.options={}'`` does not clear a dict).
 
     Args:
-        cfg: composed TrainConfig.
+        s: the ``strategy`` group. seed: the run's seed.
         choice: the ``strategy`` group option Hydra chose (``hydra.runtime.choices.strategy``);
             None when unknown (nothing is checked).
 
@@ -118,14 +107,13 @@ def check_strategy_choice(cfg, choice: str | None) -> None:
             plugin has a group option, else ``~strategy.options.<key>`` for each leftover key.
         ValueError: the strategy name / target resolves to nothing (from ``get_strategy``).
     """
-    s = cfg.strategy
     selected = s._target_ or s.name
-    options = OmegaConf.to_container(s.options, resolve=True) or {}
+    options = strategy_options(s)
     if choice is None or not options or (not s._target_ and s.name == choice):
         return
     cls = strategy_class(s)
     try:
-        cls(dim=2, x0=None, seed=cfg.seed, population_size=s.population_size, sigma0=s.sigma0, **options)
+        cls(dim=2, x0=None, seed=seed, population_size=s.population_size, sigma0=s.sigma0, **options)
         return  # the picked class takes the left-over options
     except (TypeError, ValueError) as e:
         why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -4,7 +4,7 @@ Hydra's launchers (basic, Ray, submitit) record a job whose task function raises
 the others, but Hydra then stops the sweep at the first failed job it reads back and prints a
 traceback. essa keeps every job running and reports all failures at the end instead:
 
-1. the task function (engine/cli.py) catches a job's error, writes its one line to
+1. the task function (engine/cli/hydra_app.py) catches a job's error, writes its one line to
    ``<job dir>/error.txt`` (:data:`ERROR_FILE`), logs it, and returns None (Optuna marks the trial
    failed; not NaN, on which hydra-optuna-sweeper 1.3 with optuna 2.10 crashes);
 2. :class:`SweepSummary`, a Hydra callback (``hydra.callbacks`` in conf/train.yaml), reads the
@@ -24,7 +24,7 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
-from . import io
+from engine import io
 
 log = logging.getLogger("essa")
 

@@ -7,7 +7,7 @@ an id is never reused for other weights); :class:`VLLMRollouts` (TRL 1.16's ``ro
 trainer)``) generates every rollout of the step in one multi-LoRA ``generate`` call of
 :class:`engine.backends.vllm_local.VLLMBackend` and returns the prompt ids, the sampled completion
 ids and vLLM's log-probability of each sampled token. The same engine serves held-out validation
-(``engine.loop.validation``), so ESSA and GRPO are validated by the same code.
+(``engine.commands.train.validation``), so ESSA and GRPO are validated by the same code.
 
 Step numbering: ``step`` is TRL's ``state.global_step`` when the rollouts are generated, i.e. the
 number of optimiser steps done so far; the rollouts of optimiser step k (1-based, as logged) are
@@ -21,10 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import io
-from .adapters import write_adapter
-from .backends import AdapterRef, Sampling, lora_int_id
-from .population import default_adapter_root
+from engine import io
+from engine.lora.files import write_adapter
+from engine.backends import AdapterRef, Sampling, lora_int_id
+from engine.evaluation.population import default_adapter_root
 
 log = logging.getLogger("essa.grpo")
 

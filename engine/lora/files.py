@@ -8,14 +8,34 @@ W' = W + (lora_alpha / r) B A (Hu et al. 2021, LoRA, Eq. 3).
 from __future__ import annotations
 
 import json
+import os
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from .io import atomic_dir
+from engine.io import atomic_dir
 
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+@dataclass
+class AdapterMeta:
+    """What every candidate adapter shares: LoRA rank r, lora_alpha, target modules, base model."""
+
+    rank: int
+    lora_alpha: float
+    target_modules: tuple[str, ...]
+    base_model: str
+
+
+def default_adapter_root(configured: str | None) -> Path:
+    """Where candidate adapters live: ``engine.adapter_dir``, else /dev/shm (RAM), else the temp dir."""
+    if configured:
+        return Path(configured)
+    return Path("/dev/shm") if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else Path(tempfile.gettempdir())
 
 
 def adapter_config(rank: int, lora_alpha: float, target_modules, base_model: str) -> dict:

@@ -23,11 +23,11 @@ import shutil
 import time
 from pathlib import Path
 
-from .interrupts import sigterm_unwinds
-from .io import atomic_dir, remove_stale_temp_dirs
-from .model import cache_dir
-from .prompts import chat_messages
-from .tasks import Problem
+from engine.interrupts import sigterm_unwinds
+from engine.io import atomic_dir, remove_stale_temp_dirs
+from engine.model import cache_dir
+from engine.prompts import chat_messages
+from engine.tasks import Problem
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def warm_start(model_path: str, problems: list[Problem], sft_cfg, lora_cfg, syst
         raise ValueError("sft.enabled=true but the task has no worked solutions; set sft.enabled=false "
                          "or use a task whose rows carry solutions")
     if dtype is None:
-        from .hardware import resolve_dtype
+        from engine.hardware import resolve_dtype
         dtype, _ = resolve_dtype("auto", purpose="training", log_choice=False)
     root = Path(out_dir) if out_dir else cache_dir() / "sft"
     key = sft_hash(model_path, examples, sft_cfg, lora_cfg, system_prompt, dtype)

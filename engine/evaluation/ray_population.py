@@ -7,7 +7,7 @@ worker serves its own candidates and only tiny messages cross the network. Here:
   back rewards and rollout rows. The frozen genome codec (SVD bases U, V and singular values of the
   SFT adapter) is ``ray.put`` once and fetched once per node by every actor's constructor;
 * each actor (:class:`EvaluatorActor`) owns one :class:`~engine.backends.vllm_local.VLLMBackend`
-  wrapped in a :class:`~engine.population.PopulationEvaluator`, decodes its shard locally, writes
+  wrapped in a :class:`~engine.evaluation.population.PopulationEvaluator`, decodes its shard locally, writes
   the adapters on its own node and serves the shard as ONE multi-LoRA batch;
 * shards are contiguous and balanced (sizes differ by at most one candidate); shard k of a
   generation uses ``sampling.shifted(first_candidate_k x N)``, the seeds its requests get in the
@@ -49,8 +49,8 @@ import numpy as np
 import ray
 import ray.exceptions
 
-from ..population import AdapterMeta, EvalResult, PopulationEvaluator, default_adapter_root, reward_results
-from . import AdapterRef, Completion, Sampling
+from engine.evaluation.population import AdapterMeta, EvalResult, PopulationEvaluator, default_adapter_root, reward_results
+from engine.backends import AdapterRef, Completion, Sampling
 
 log = logging.getLogger("essa.ray")
 
@@ -186,22 +186,6 @@ def read_adapter_files(path: str | Path) -> dict[str, bytes]:
     return {f.name: f.read_bytes() for f in sorted(path.iterdir()) if f.is_file()}
 
 
-def backend_kwargs(cfg) -> dict:
-    """``VLLMBackend`` keyword arguments of a run config, as ``engine.loop.build_evaluator`` builds
-    them for the local engine (same ``max_loras``, so both engines run the same LoRA kernels)."""
-    from omegaconf import OmegaConf
-
-    e = cfg.engine
-    extra = dict(OmegaConf.to_container(e.extra, resolve=True)) if e.extra is not None else {}
-    if e.tensor_parallel_size > 1:
-        extra.setdefault("tensor_parallel_size", int(e.tensor_parallel_size))
-        extra.setdefault("distributed_executor_backend", "mp")
-    return dict(max_lora_rank=cfg.lora.rank, max_loras=e.max_loras or cfg.strategy.population_size + 2,
-                max_model_len=cfg.model.max_model_len, dtype=cfg.model.dtype, seed=cfg.seed,
-                gpu_memory_utilization=e.gpu_memory_utilization, kv_cache_gib=e.kv_cache_gib,
-                enforce_eager=e.enforce_eager, max_num_seqs=e.max_num_seqs, fast_lora=e.fast_lora, extra=extra)
-
-
 # ----------------------------------------------------------------------------- the actor
 class EvaluatorActor:
     """One vLLM engine and its PopulationEvaluator; run as a Ray actor (``ray.remote(EvaluatorActor)``).
@@ -210,14 +194,14 @@ class EvaluatorActor:
         index: actor number k (logs, metrics, test hook).
         model_path: checkpoint directory on the driver; used when it exists on this node, else
             ``model_spec`` is resolved here (``embedded:`` models are converted once per node).
-        model_spec: ``cfg.model.path``.
-        quantization: ``cfg.model.quantization``; with ``model_spec`` it rebuilds the quantized copy
+        model_spec: ``model.path`` as configured.
+        quantization: ``model.quantization``; with ``model_spec`` it rebuilds the quantized copy
             that ``model_path`` names when that is not on this node.
         codec: the genome codec (arrives from the object store, fetched once per node).
         reward_fn: picklable ``f(completions, references) -> list[RewardResult]``.
         meta: adapter metadata.
         system_prompt: system message of every prompt.
-        engine_kwargs: ``VLLMBackend`` keyword arguments (:func:`backend_kwargs`).
+        engine_kwargs: ``VLLMBackend`` keyword arguments (``engine.backends.vllm_local.backend_kwargs``).
         adapter_root: parent of this actor's adapter directory (None = /dev/shm or temp).
         run_token: unique per driver; names this actor's adapter directory.
         cpu_cores: cores per actor on the CPU back-end: a claimed slot's cores, one thread each
@@ -233,7 +217,7 @@ class EvaluatorActor:
                  run_token: str, cpu_cores: int = 1, fault: tuple | None = None, quantization: str | None = None):
         t0 = time.perf_counter()
         self.index, self.fault = index, fault
-        from .vllm_local import VLLMBackend, is_cpu_platform
+        from engine.backends.vllm_local import VLLMBackend, is_cpu_platform
 
         self.cpu_slot, self._slot_fd, self.cpu_bind, self.threads = None, None, None, None
         tp = int((engine_kwargs.get("extra") or {}).get("tensor_parallel_size", 1))
@@ -253,7 +237,7 @@ class EvaluatorActor:
         root.mkdir(parents=True)
         self.root = root
         if not Path(model_path).exists():
-            from ..model import resolve_model_path
+            from engine.model import resolve_model_path
             model_path = resolve_model_path(model_spec, quantization)
         from transformers import AutoTokenizer
 
@@ -388,12 +372,16 @@ class RayPopulationEvaluator:
     """The ``engine=ray`` population evaluator: same interface as :class:`PopulationEvaluator`.
 
     Args:
-        cfg: composed TrainConfig (uses ``engine.*``, ``model.*``, ``lora.*``, ``strategy.population_size``,
-            ``task.system_prompt``, ``seed``).
+        engine: the ``engine`` config group (``num_actors``, ``address``, ``cpus_per_actor``,
+            ``gpus_per_actor``, ``tensor_parallel_size``, ``max_actor_restarts``, ``adapter_dir``).
+        engine_kwargs: every actor's ``VLLMBackend`` arguments (``engine.backends.vllm_local.backend_kwargs``).
         model_path: resolved base model directory (or HF id) on the driver.
+        model_spec, quantization: ``model.path`` and ``model.quantization``, to rebuild the model on a
+            node that lacks ``model_path``.
         codec: genome codec; ``ray.put`` once, decoded on the actors.
         meta: adapter metadata.
         reward_fn: picklable reward function (rewards.MathReward).
+        system_prompt: system message of every prompt.
 
     Connects to Ray with :func:`connect_ray`: ``engine.address`` when set (``"auto"`` or
     ``host:port``), else a running cluster (``RAY_ADDRESS`` or ``ray start``) when there is one, else
@@ -407,8 +395,9 @@ class RayPopulationEvaluator:
         RuntimeError: an actor's engine failed to start (the actor's error is chained).
     """
 
-    def __init__(self, cfg, model_path: str, codec, meta: AdapterMeta, reward_fn: Callable):
-        e = cfg.engine
+    def __init__(self, engine, engine_kwargs: dict, model_path: str, model_spec: str, quantization: str | None,
+                 codec, meta: AdapterMeta, reward_fn: Callable, system_prompt: str):
+        e = engine
         self.num_actors = int(e.num_actors)
         self._owns_ray = False
         if not ray.is_initialized():
@@ -440,13 +429,12 @@ class RayPopulationEvaluator:
         codec_ref = ray.put(codec)  # the frozen SVD basis, shipped once
         self._codec_ref = codec_ref  # keep it pinned: restarted actors fetch it again
         actor_cls = ray.remote(EvaluatorActor)
-        kwargs = backend_kwargs(cfg)
         self.actors = [
             actor_cls.options(num_cpus=float(e.cpus_per_actor), num_gpus=gpus, max_restarts=int(e.max_actor_restarts),
                               max_task_retries=0, name=f"essa-{self._run_token}-a{k}").remote(
-                k, str(model_path), str(cfg.model.path), codec_ref, reward_fn, meta, str(cfg.task.system_prompt),
-                kwargs, e.adapter_dir, self._run_token, max(1, int(round(e.cpus_per_actor))), fault,
-                quantization=cfg.model.quantization)
+                k, str(model_path), str(model_spec), codec_ref, reward_fn, meta, str(system_prompt),
+                engine_kwargs, e.adapter_dir, self._run_token, max(1, int(round(e.cpus_per_actor))), fault,
+                quantization=quantization)
             for k in range(self.num_actors)]
         self._alive = set(range(self.num_actors))
         self._recovering: dict[int, ray.ObjectRef] = {}  # actor -> info() ping submitted after a death
@@ -463,6 +451,29 @@ class RayPopulationEvaluator:
         self.shard_retries = 0
 
     # -- scheduling -------------------------------------------------------------------------
+    def _after_death(self, kind: str, k: int, s, cause: str, attempts: list, finished: list, pending, inflight: dict,
+                     what: str, describe: Callable[[int], str]) -> None:
+        """Actor ``k`` died running shard ``s`` (``kind`` "shard": queue the shard again, or score it NaN
+        after MAX_SHARD_ATTEMPTS, and ping the actor until Ray has restarted it) or while being pinged
+        after a death (``kind`` "ping": it is gone for good)."""
+        if kind == "shard":
+            self.shard_retries += 1
+            if attempts[s] >= MAX_SHARD_ATTEMPTS:
+                log.error("%s: shard %s failed on %d actors in a row; scoring it NaN", what, describe(s), attempts[s])
+                finished[s] = True
+            else:
+                log.warning("%s: Ray actor %d died (%s) while evaluating %s; re-running the shard on the next free "
+                            "actor (attempt %d)", what, k, cause, describe(s), attempts[s] + 1)
+                pending.appendleft(s)
+            # resolves once Ray has restarted the actor, fails with ActorDiedError when it cannot
+            self._recovering[k] = self.actors[k].info.options(max_task_retries=-1).remote()
+            inflight[self._recovering[k]] = ("ping", k, None)
+        else:
+            log.error("Ray actor %d is gone for good (%s: restarts exhausted or restart failed); continuing "
+                      "with %d actors", k, cause, len(self._alive) - 1)
+            self._alive.discard(k)
+            self._recovering.pop(k, None)
+
     def _dispatch(self, submit: Callable, n_shards: int, what: str, describe: Callable[[int], str]) -> list:
         """Run ``n_shards`` shards on the actors, re-running a shard whose actor died.
 
@@ -501,25 +512,7 @@ class RayPopulationEvaluator:
             try:
                 value = ray.get(ref)
             except RETRYABLE as exc:
-                cause = type(exc).__name__
-                if kind == "shard":
-                    self.shard_retries += 1
-                    if attempts[s] >= MAX_SHARD_ATTEMPTS:
-                        log.error("%s: shard %s failed on %d actors in a row; scoring it NaN", what, describe(s),
-                                  attempts[s])
-                        finished[s] = True
-                    else:
-                        log.warning("%s: Ray actor %d died (%s) while evaluating %s; re-running the shard on the "
-                                    "next free actor (attempt %d)", what, k, cause, describe(s), attempts[s] + 1)
-                        pending.appendleft(s)
-                    # resolves once Ray has restarted the actor, fails with ActorDiedError when it cannot
-                    self._recovering[k] = self.actors[k].info.options(max_task_retries=-1).remote()
-                    inflight[self._recovering[k]] = ("ping", k, None)
-                else:
-                    log.error("Ray actor %d is gone for good (%s: restarts exhausted or restart failed); continuing "
-                              "with %d actors", k, cause, len(self._alive) - 1)
-                    self._alive.discard(k)
-                    self._recovering.pop(k, None)
+                self._after_death(kind, k, s, type(exc).__name__, attempts, finished, pending, inflight, what, describe)
                 continue
             if kind == "shard":
                 results[s], finished[s] = (value, k), True

@@ -15,6 +15,6 @@ adapter matrices and run a batched einsum.
   (``1`` default, ``0`` off, ``force`` on untested vLLM versions). On vLLM 0.32 it also masks
   vLLM's own CPU LoRA ops, whatever the switch, so requests without an adapter get no delta.
 """
-from .plugin import ENV_VAR, TESTED_VLLM_VERSIONS, WRAPPER_QUALNAME
+from engine.backends.fast_lora.plugin import ENV_VAR, TESTED_VLLM_VERSIONS, WRAPPER_QUALNAME
 
 __all__ = ["ENV_VAR", "TESTED_VLLM_VERSIONS", "WRAPPER_QUALNAME"]

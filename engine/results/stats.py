@@ -159,8 +159,17 @@ def prompts_disagreeing(rewards: np.ndarray) -> int:
 
 
 VALIDATION_PROBLEMS = "validation_problems.parquet"  # per-problem validation rows of essa train / grpo
+CONDITION_ORDER = ("no_adapter", "sft", "mean", "best")
+"""The order conditions are shown in (tables, figures, summaries); others follow, sorted."""
 CONDITION_NAMES = {"no_adapter": "no adapter", "sft": "SFT warm start", "mean": "after ES (mean genome)",
                    "best": "after ES (best candidate)", "policy": "after GRPO (policy)"}
+
+
+def ordered(per_condition: dict) -> dict:
+    """``per_condition`` with its keys in :data:`CONDITION_ORDER`, then any other condition sorted."""
+    keys = [c for c in CONDITION_ORDER if c in per_condition] + sorted(c for c in per_condition
+                                                                       if c not in CONDITION_ORDER)
+    return {c: per_condition[c] for c in keys}
 
 
 def latest_per_problem(rows: list[dict]) -> dict[str, np.ndarray]:

@@ -44,12 +44,12 @@ from typing import Callable
 
 import numpy as np
 
-from . import io
+from engine import io
+from engine.results.stats import ordered
 
 log = logging.getLogger("essa.report")
 
 RUN_FILES = ("run.json", "metrics.parquet", "validation.parquet", "eval_summary.json", "summary.json")
-CONDITION_ORDER = ("no_adapter", "sft", "mean", "best")
 CONDITION_STYLE = {  # marker, linestyle per validation condition
     "no_adapter": ("x", ":"), "sft": ("s", ":"), "mean": ("o", "-"), "best": ("*", "--"),
 }
@@ -284,8 +284,7 @@ def validation_series(run: RunData, x: str) -> dict[str, tuple[np.ndarray, np.nd
         sft0 = [r for r in by["sft"] if r.get("step") == 0]
         if sft0 and not any(r.get("step") == 0 for r in by["mean"]):
             by["mean"] = [sft0[0]] + by["mean"]
-    order = [c for c in CONDITION_ORDER if c in by] + sorted(c for c in by if c not in CONDITION_ORDER)
-    return {c: (_col(by[c], x), _col(by[c], "accuracy")) for c in order}
+    return {c: (_col(rows, x), _col(rows, "accuracy")) for c, rows in ordered(by).items()}
 
 
 def _fig_validation(runs, labels, colors, x: str, name: str, xlabel: str):
@@ -344,7 +343,7 @@ def fig_passk(runs, labels, colors):
 def fig_paired_gain(runs, labels, colors):
     """One row per run and condition of summary.json's ``paired_vs_sft``: the accuracy difference
     against the SFT warm start on the same problems, with its 95 % interval and exact McNemar p
-    (engine/stats.py). A run helps where its whole interval lies right of 0 (issue 11's test)."""
+    (engine/results/stats.py). A run helps where its whole interval lies right of 0 (issue 11's test)."""
     def usable(st) -> bool:
         vals = [st.get(k) for k in ("diff", "ci_low", "ci_high")] if isinstance(st, dict) else [None]
         return (all(isinstance(v, (int, float)) and math.isfinite(v) for v in vals)
@@ -407,8 +406,7 @@ def final_accuracy(run: RunData) -> dict[str, tuple[float, int, int]]:
     latest: dict[str, tuple[float, int, int]] = {}
     for r in run.validation:
         latest[str(r["condition"])] = (r.get("accuracy"), r.get("step"), r.get("n_problems"))
-    order = [c for c in CONDITION_ORDER if c in latest] + sorted(c for c in latest if c not in CONDITION_ORDER)
-    return {c: latest[c] for c in order}
+    return ordered(latest)
 
 
 def write_markdown(runs: list[RunData], figures: dict[str, Path], skipped: dict[str, str], out_dir: Path,
@@ -548,7 +546,7 @@ class SweepJob:
 def is_sweep_dir(path: str | Path) -> bool:
     """True for a Hydra multirun directory: not itself a run directory, with job directories
     (sub-directories holding ``.hydra/``)."""
-    from .sweeps import job_dirs
+    from engine.results.sweeps import job_dirs
 
     path = Path(path)
     return path.is_dir() and not any((path / f).is_file() for f in RUN_FILES) and bool(job_dirs(path))
@@ -569,7 +567,7 @@ def load_sweep(sweep_dir: str | Path) -> list[SweepJob]:
         ValueError: ``sweep_dir`` has no job directories, or a job's summary.json is corrupt (the
             message names the file).
     """
-    from .sweeps import ERROR_FILE, job_dirs, job_overrides
+    from engine.results.sweeps import ERROR_FILE, job_dirs, job_overrides
 
     jobs = []
     for d in job_dirs(sweep_dir):

@@ -2,7 +2,7 @@
 
 vLLM routes every LoRA layer's work through one punica wrapper per model, picked by
 ``current_platform.get_punica_wrapper()`` (a qualified class name). The plugin
-(``engine.fast_lora.plugin``) points the CPU platform at this class; nothing else in vLLM changes.
+(``engine.backends.fast_lora.plugin``) points the CPU platform at this class; nothing else in vLLM changes.
 
 What is overridden (vLLM 0.32.0, ``vllm/lora/punica_wrapper/punica_cpu.py``):
 
@@ -10,12 +10,12 @@ What is overridden (vLLM 0.32.0, ``vllm/lora/punica_wrapper/punica_cpu.py``):
   drops the per-step token plan.
 - ``add_lora_linear`` (every q/k/v/o and MLP LoRA layer): skipped when no slot of the layer holds
   weights (vLLM also wraps the MLP when adapters only target attention); otherwise all slices and
-  slots in one grouped pass (:func:`engine.fast_lora.ops.lora_linear`, tokens grouped once per
-  LoRA mapping by :func:`engine.fast_lora.ops.plan_tokens`) instead of 2 x n gather-and-einsum
+  slots in one grouped pass (:func:`engine.backends.fast_lora.ops.lora_linear`, tokens grouped once per
+  LoRA mapping by :func:`engine.backends.fast_lora.ops.plan_tokens`) instead of 2 x n gather-and-einsum
   calls. Inside a torch.compile trace it defers to vLLM's own implementation.
 - ``add_lora_logits`` (the LM head, every decode step) and ``add_lora_embedding``: skipped when no
   request/token of the batch maps to a slot whose weights for that layer are non-zero
-  (:meth:`engine.fast_lora.ops.SlotWeightCache.nonzero_slots`): vLLM wraps the LM head whenever
+  (:meth:`engine.backends.fast_lora.ops.SlotWeightCache.nonzero_slots`): vLLM wraps the LM head whenever
   LoRA is on, although ESSA's adapters (q/k/v/o) never target it, and the (T, L*r) @ (L*r, vocab)
   expand over every slot cost as much as the rest of a decode step. Skipping adds exactly zero
   less, so outputs are unchanged bit for bit.
@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
 
-from . import ops
+from engine.backends.fast_lora import ops
 
 
 def _compiling() -> bool:

@@ -4,7 +4,7 @@ ESSA §3.3: every candidate of a generation is scored on the same minibatch of N
 fitness of a candidate is its mean reward. All P x N (x G samples) requests go into ONE back-end
 call, each with its candidate's ``LoRARequest``, so vLLM batches the whole population together.
 
-This module is the unit a distributed back-end replicates (engine/backends/ray_backend.py): an
+This module is the unit a distributed back-end replicates (engine/evaluation/ray_population.py): an
 evaluator owns one generation back-end plus the frozen genome codec, so per generation only
 genomes go in and rewards come out.
 """
@@ -20,20 +20,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .adapters import write_adapter
-from .backends import AdapterRef, Sampling, lora_int_id
-from .prompts import build_prompt
-from .tasks import Problem
-
-
-@dataclass
-class AdapterMeta:
-    """What every candidate adapter shares: LoRA rank r, lora_alpha, target modules, base model."""
-
-    rank: int
-    lora_alpha: float
-    target_modules: tuple[str, ...]
-    base_model: str
+from engine.backends import AdapterRef, Sampling, lora_int_id
+from engine.lora.files import AdapterMeta, default_adapter_root, write_adapter
+from engine.prompts import build_prompt
+from engine.tasks import Problem
 
 
 @dataclass
@@ -53,13 +43,6 @@ class EvalResult:
     rollouts: dict[str, list]
     timings: dict[str, float] = field(default_factory=dict)
     tokens: int = 0
-
-
-def default_adapter_root(configured: str | None) -> Path:
-    """Where candidate adapters live: ``engine.adapter_dir``, else /dev/shm (RAM), else the temp dir."""
-    if configured:
-        return Path(configured)
-    return Path("/dev/shm") if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else Path(tempfile.gettempdir())
 
 
 def reward_results(reward_fn: Callable, completions: list[str], references: list[str]):

@@ -27,7 +27,9 @@ in the JSON). Besides wall time, the CPU time of this process and vLLM's (child)
 recorded per run: other users' load inflates wall time much more than it inflates CPU time, so
 the CPU-time ratio is a cross-check on a shared machine. The load average is recorded too.
 
-Both runs use the same engine with prefix caching off (the base run repeats B prompts P times;
+The population run goes through the population evaluator ``essa train`` uses
+(engine/evaluation/population.py: decode, write adapters, one generate call, reward), so the figures
+are the training loop's own. Both runs use the same engine with prefix caching off (the base run repeats B prompts P times;
 distinct adapters can never share a cached prompt) and LoRA restricted to the adapters' target
 modules.
 
@@ -43,18 +45,21 @@ import platform
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-log = logging.getLogger("essa.bench")
+from engine.backends import Sampling
+from engine.commands.bench_config import validate
+from engine.tasks import Problem
 
-SYSTEM_PROMPT = "Solve the math problem step by step. Put the final answer in \\boxed{}."
+log = logging.getLogger("essa.bench")
 
 
 # ---------------------------------------------------------------------------------------------
-# Inputs: prompts, adapters, strategy
+# Inputs: prompts, genome, strategy
 # ---------------------------------------------------------------------------------------------
 
 def load_questions(path: str, n: int) -> list[tuple[str, str]]:
@@ -66,7 +71,7 @@ def load_questions(path: str, n: int) -> list[tuple[str, str]]:
         FileNotFoundError: no such file. ValueError: fewer than ``n`` usable rows, or a file that is
             not UTF-8 / not readable (the message names ``bench.data``).
     """
-    from .tasks import READERS, _resolve_path, read_rows
+    from engine.tasks import READERS, _resolve_path, read_rows
 
     p = _resolve_path(path)
     if not p.exists():
@@ -137,6 +142,23 @@ class Population:
         return out
 
 
+def bench_codec(shapes: dict[str, int], rank: int, seed: int):
+    """ESSA's SVD-LoRA genome over ``strategies.genomes.random_lora`` (A at PEFT's init scale, B at the
+    scale a short SFT leaves), so candidates are realistic ES perturbations of an SFT adapter."""
+    from strategies.genomes import SVDLoRAGenome, random_lora
+
+    return SVDLoRAGenome(random_lora(rank=rank, seed=seed, **shapes))
+
+
+def bench_strategy(codec, population_size: int, sigma0: float, seed: int):
+    """A fresh CMA-ES over the codec's genome as ``strategy=essa`` builds it: full covariance up to
+    D 2000, separable above (strategies/cma_es.py)."""
+    from strategies.cma_es import CMAES
+
+    return CMAES(dim=codec.dim, x0=codec.x0(), seed=seed, population_size=population_size, sigma0=sigma0,
+                 diagonal="auto")
+
+
 # ---------------------------------------------------------------------------------------------
 # Measurements
 # ---------------------------------------------------------------------------------------------
@@ -162,22 +184,37 @@ def cpu_seconds() -> float:
     return total
 
 
-def _timed_generate(backend, prompts, adapters, sampling) -> tuple[dict, list[str]]:
-    c0, t0 = cpu_seconds(), time.perf_counter()
-    outs = backend.generate(prompts, adapters, sampling, use_tqdm=False)
-    dt, cpu = time.perf_counter() - t0, cpu_seconds() - c0
-    texts = [o[0].text for o in outs]
-    rate = _rate(sum(o[0].n_tokens for o in outs), dt)
-    rate["cpu_s"] = round(cpu, 3)
-    rate["tokens_per_cpu_s"] = round(rate["tokens"] / cpu, 1) if cpu > 0 else 0.0
-    return rate, texts
+class TimedBackend:
+    """A back-end whose ``generate`` calls are timed: ``last`` holds the latest call's tokens, seconds
+    (wall) and CPU seconds of this process and its children (:func:`cpu_seconds`)."""
+
+    def __init__(self, backend):
+        self.backend, self.tokenizer, self.last = backend, backend.tokenizer, {}
+
+    def generate(self, prompts, adapters, sampling, use_tqdm=True):
+        c0, t0 = cpu_seconds(), time.perf_counter()
+        outs = self.backend.generate(prompts, adapters, sampling, use_tqdm=False)
+        dt, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+        self.last = _rate(sum(c.n_tokens for o in outs for c in o), dt)
+        self.last["cpu_s"] = round(cpu, 3)
+        self.last["tokens_per_cpu_s"] = round(self.last["tokens"] / cpu, 1) if cpu > 0 else 0.0
+        return outs
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+def _timed_generate(timed: TimedBackend, prompts, adapters, sampling) -> dict:
+    """One timed generate call; its rate (tokens, seconds, tokens/s, CPU seconds)."""
+    timed.generate(prompts, adapters, sampling)
+    return dict(timed.last)
 
 
 def load_probe(backend, prompt: str, refs: list, generation_ids: list[int]) -> float:
     """Seconds vLLM spends loading P adapters: a 1-token request per adapter under fresh ids
     (loaded from the files) minus the same requests again (already resident). Short calls, so the
     difference is not drowned in generation noise."""
-    from .backends import AdapterRef, Sampling
+    from engine.backends import AdapterRef, Sampling
 
     fresh = [AdapterRef(r.name + "-probe", i, r.path) for r, i in zip(refs, generation_ids)]
     one = Sampling(max_tokens=1)
@@ -188,10 +225,10 @@ def load_probe(backend, prompt: str, refs: list, generation_ids: list[int]) -> f
     return max(0.0, (t1 - t0) - (time.perf_counter() - t1))
 
 
-def one_generation(backend, pop: Population, P: int, prompts: list[str], answers: list[str], sampling,
-                   meta: dict, root: Path, generation: int, measure_load: bool,
-                   probe_generation: int | None = None) -> dict[str, Any]:
-    """One ES generation at population size P, every phase timed (seconds).
+def one_generation(evaluator, timed: TimedBackend, strategy, problems: list[Problem], sampling: Sampling,
+                   generation: int, probe_generation: int | None = None) -> dict[str, Any]:
+    """One ES generation at population size P = ``strategy.population_size``, every phase timed (seconds),
+    through the population evaluator the training loop uses.
 
     Adapter ids are ``lora_int_id(generation, k)`` (and ``lora_int_id(probe_generation, k)`` for the
     load probe): the caller passes a generation index no other call of the process used, because
@@ -199,67 +236,34 @@ def one_generation(backend, pop: Population, P: int, prompts: list[str], answers
 
     Phases: ask, decode (genome -> LoRA tensors), write (PEFT files), generate (the one vLLM call,
     adapter load included), load (vLLM loading the P adapters, measured by :func:`load_probe` only
-    with ``measure_load``; part of generate's time), reward (rewards.reward on every completion),
+    with ``probe_generation``; part of generate's time), reward (the reward on every completion),
     tell. ``non_generation_share`` = (ask + decode + write + load + reward + tell) / (ask + decode +
     write + generate + reward + tell).
     """
-    from .adapters import write_adapter
-    from .backends import AdapterRef, lora_int_id
-    from .population import aggregate_fitness
-
-    t: dict[str, float | None] = {}
+    t: dict[str, float] = {}
     notes = []
-    strategy = pop.strategy(P)
     t0 = time.perf_counter()
-    genomes = strategy.ask() if strategy is not None else None
-    t["ask"] = time.perf_counter() - t0 if strategy is not None else None
-    t0 = time.perf_counter()
-    loras = pop.codec.decode_batch(genomes) if strategy is not None else pop.random_states(P, generation * 1000)
-    t["decode"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    refs = []
-    for k, lora in enumerate(loras):
-        path = write_adapter(root / f"gen_{generation:03d}" / f"cand_{k:03d}", lora, meta["rank"], meta["alpha"],
-                             meta["base_model"], meta["target_modules"])
-        refs.append(AdapterRef(f"g{generation}c{k}", lora_int_id(generation, k), str(path)))
-    t["write"] = time.perf_counter() - t0
-    flat_prompts = [p for _ in range(P) for p in prompts]
-    flat_adapters = [a for a in refs for _ in prompts]
-    gen, texts = _timed_generate(backend, flat_prompts, flat_adapters, sampling)
-    t["generate"] = gen["seconds"]
-    if measure_load:
-        if probe_generation is None:
-            raise ValueError("one_generation: measure_load needs a fresh probe_generation for the probe's adapter ids")
-        t["load"] = load_probe(backend, prompts[0], refs, [lora_int_id(probe_generation, k) for k in range(P)])
+    genomes = strategy.ask()
+    t["ask"] = time.perf_counter() - t0
+    result = evaluator.evaluate(genomes, problems, generation, sampling, use_tqdm=False)
+    gen = dict(timed.last)
+    t.update({k: result.timings[k] for k in ("decode", "write", "generate", "reward")})
+    if probe_generation is not None:  # adapters written again under ids no call has served
+        refs = evaluator.write_candidates(genomes, probe_generation)
+        t["load"] = load_probe(timed, evaluator.prompts(problems[:1])[0], refs, [r.lora_int_id for r in refs])
+        evaluator.release(probe_generation)
         notes.append("load: 1-token requests under fresh adapter ids minus the same requests again; it happens "
                      "inside the generate call, so it is part of 'generate' and counted as outside generation")
-    fitness = None
-    try:
-        from rewards import reward
-        t0 = time.perf_counter()
-        results = reward(texts, [answers[i % len(prompts)] for i in range(len(texts))])
-        t["reward"] = time.perf_counter() - t0
-        r = np.array([np.nan if x.status in ("error", "timeout") else x.reward for x in results])
-        fitness = aggregate_fitness(r.reshape(P, len(prompts), 1))  # (P,), NaN = unscorable
-    except ImportError as e:  # pragma: no cover
-        t["reward"] = None
-        notes.append(f"rewards unavailable ({e}): reward not timed")
-    if strategy is not None:
-        f = fitness if fitness is not None else np.full(P, np.nan)
-        t0 = time.perf_counter()
-        strategy.tell(genomes, f)
-        t["tell"] = time.perf_counter() - t0
-    else:
-        t["tell"] = None
-        notes.append(pop.note)
-    shutil.rmtree(root / f"gen_{generation:03d}", ignore_errors=True)
-    known = {k: v for k, v in t.items() if v is not None}
-    outside = sum(v for k, v in known.items() if k != "generate")  # load is inside generate's time
-    total = sum(v for k, v in known.items() if k != "load")
-    return {"population": gen, "phases_s": {k: (None if v is None else round(v, 4)) for k, v in t.items()},
+    t0 = time.perf_counter()
+    if np.isfinite(result.fitness).any():  # as the training loop: no update from a generation nothing scored
+        strategy.tell(genomes, result.fitness)
+    t["tell"] = time.perf_counter() - t0
+    outside = sum(v for k, v in t.items() if k != "generate")  # load is inside generate's time
+    total = sum(v for k, v in t.items() if k != "load")
+    return {"population": gen, "phases_s": {k: round(v, 4) for k, v in t.items()},
             "non_generation_s": round(outside, 4), "generation_total_s": round(total, 4),
             "non_generation_share": round(outside / total, 4) if total > 0 else None,
-            "accuracy": None if fitness is None else round(float(np.mean(fitness)), 4), "notes": notes}
+            "accuracy": round(float(np.nanmean(result.fitness)), 4), "notes": notes}
 
 
 def naive_per_candidate(model_path: str, adapter_dirs: list[str], prompts: list[str], max_tokens: int,
@@ -303,7 +307,7 @@ def machine_info(device=None) -> dict[str, Any]:
     """
     import torch
 
-    from .hardware import detect_device
+    from engine.hardware import detect_device
 
     dev = device if device is not None else detect_device()
     info = {"cpu": dev.cpu.model, "cores": dev.cpu.cores, "isa": dev.cpu.isa, "native_bf16": dev.cpu.native_bf16,
@@ -372,190 +376,222 @@ def _flags_line(machine: dict) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Entry point
+# Entry point: the phases of one benchmark
 # ---------------------------------------------------------------------------------------------
 
-def _positive_int(value: Any) -> int | None:
-    """``value`` as an int when it is a positive integer (not a bool, float or string), else None."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+@dataclass
+class Bench:
+    """What the phases of one ``essa bench`` share (filled in phase order)."""
+
+    cfg: Any
+    populations: list[int]
+    B: int
+    T: int
+    phases_p: int
+    result: dict = field(default_factory=dict)
+    float_model: str = ""
+    model: str = ""
+    dtype: str = ""
+    problems: list[Problem] = field(default_factory=list)
+    codec: Any = None
+    root: Path | None = None
+
+    @property
+    def sampling(self) -> Sampling:
+        return Sampling(max_tokens=self.T, temperature=0.0)
+
+    def engine_kwargs(self, max_loras: int, enable_lora: bool = True) -> dict:
+        """The engine's arguments from the ``engine`` group (prefix caching off: the base run repeats B
+        prompts P times, while candidates, distinct LoRA ids, cannot share cached prompts; LoRA only
+        where the adapters have weights, vLLM would also wrap the MLP)."""
+        from engine.backends.vllm_local import backend_kwargs
+
+        c = self.cfg
+        kw = backend_kwargs(c.engine, max_lora_rank=int(c.lora.rank), max_loras=max_loras,
+                            max_model_len=int(c.model.max_model_len), dtype=self.dtype, seed=int(c.seed),
+                            enable_lora=enable_lora)
+        kw["extra"].update({"enable_prefix_caching": False}
+                           | ({"lora_target_modules": list(c.lora.target_modules)} if enable_lora else {}))
+        kw["fast_lora"] = kw["fast_lora"] and enable_lora
+        return kw
 
 
-def check_settings(cfg) -> tuple[list[int], int, int, int]:
-    """The checked sizes of ``cfg``: (sorted populations with phases_population, B, T, phases_population).
-
-    Raises:
-        ValueError: ``populations`` is not a non-empty list of positive integers, or
-            ``prompts_per_candidate``, ``max_tokens`` or ``phases_population`` is not a positive integer.
-    """
+def prepare(cfg) -> Bench:
+    """Checked settings, the dtype, the model vLLM serves, the prompts, the genome, the machine record."""
     from omegaconf import OmegaConf
 
-    raw = cfg.populations
-    if OmegaConf.is_config(raw):
-        raw = OmegaConf.to_container(raw, resolve=True)
-    if not isinstance(raw, (list, tuple)) or not raw or any(_positive_int(p) is None for p in raw):
-        raise ValueError(f"bench.populations={raw!r}: must be a non-empty list of positive integers "
-                         f"(population sizes), e.g. populations=[4,16,48]")
-    sizes = {}
-    for name in ("prompts_per_candidate", "max_tokens", "phases_population"):
-        sizes[name] = _positive_int(cfg[name])
-        if sizes[name] is None:
-            raise ValueError(f"bench.{name}={cfg[name]!r}: must be a positive integer, e.g. {name}=16")
-    populations = sorted({*raw, sizes["phases_population"]})
-    return populations, sizes["prompts_per_candidate"], sizes["max_tokens"], sizes["phases_population"]
+    from engine.backends.vllm_local import is_cpu_platform
+    from engine.hardware import detect_device, resolve_dtype
+    from engine.model import resolve_model_path, serving_model_path
+
+    b = Bench(cfg, *validate(cfg))
+    device = detect_device()
+    b.dtype, dtype_reason = resolve_dtype(cfg.model.dtype, device)  # logs one line
+    b.float_model = resolve_model_path(cfg.model.path)
+    b.model = serving_model_path(b.float_model, cfg.model.quantization)  # float or quantized (model.quantization)
+    b.problems = [Problem(f"bench-{i}", q, a) for i, (q, a) in enumerate(load_questions(cfg.data, b.B))]
+    b.codec = bench_codec(lora_shapes(b.model), int(cfg.lora.rank), int(cfg.seed))
+    settings = {"model": cfg.model.path, "model_path": b.model, "populations": b.populations,
+                "prompts_per_candidate": b.B, "max_tokens": b.T, "rank": int(cfg.lora.rank),
+                "lora_alpha": float(cfg.lora.alpha), "sigma0": float(cfg.sigma0),
+                "fast_lora": bool(cfg.engine.fast_lora) and is_cpu_platform(), "repeats": int(cfg.repeats),
+                "engine": OmegaConf.to_container(cfg.engine, resolve=True), "data": str(cfg.data), "sampling": "greedy",
+                "seed": int(cfg.seed), "prefix_caching": False, "lora_target_modules": list(cfg.lora.target_modules),
+                "dtype": b.dtype, "dtype_reason": dtype_reason, "dtype_requested": str(cfg.model.dtype),
+                "quantization": cfg.model.quantization}
+    b.result = {"machine": machine_info(device), "settings": settings, "rows": [], "notes": [],
+                "loadavg_start": os.getloadavg()}
+    b.root = Path(tempfile.mkdtemp(prefix="essa-bench-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None))
+    return b
 
 
-def main(cfg) -> dict:
+def base_without_lora(b: Bench) -> dict[int, dict]:
+    """The strict limit, with ``base_without_lora``: the base model on an engine without LoRA support at
+    all (vLLM's LoRA layer wrappers and per-step mapping cost a little even when no request has an
+    adapter). Returns ``{P: rate}``."""
+    from engine.backends.vllm_local import VLLMBackend
+    from engine.prompts import build_prompt
+
+    plain: dict[int, dict] = {}
+    if not b.cfg.base_without_lora:
+        return plain
+    eng = TimedBackend(VLLMBackend(b.model, **b.engine_kwargs(1, enable_lora=False)))
+    try:
+        prompts = [build_prompt(eng.tokenizer, p.question, b.cfg.system_prompt) for p in b.problems]
+        eng.generate(prompts[:2], [None, None], Sampling(max_tokens=8))
+        for P in b.populations:
+            flat = [p for _ in range(P) for p in prompts]
+            plain[P] = _timed_generate(eng, flat, [None] * len(flat), b.sampling)
+            print(f"P={P}: base without LoRA support {plain[P]['tokens_per_s']:.1f} tok/s", flush=True)
+    finally:
+        eng.close()
+    return plain
+
+
+def population_rows(b: Bench, plain: dict[int, dict]) -> None:
+    """For every P: the base model and one ES generation on the same engine, adjacent, ``repeats`` times
+    (best of each kept); every phase at ``phases_population``. One generation index per adapter set
+    (warm-up, every (P, repeat), the load probe), so no lora_int_id is ever reused for other weights:
+    vLLM would serve the cached adapter."""
+    import rewards
+    from engine.backends.vllm_local import VLLMBackend
+    from engine.evaluation.population import PopulationEvaluator
+    from engine.lora.files import AdapterMeta
+
+    cfg = b.cfg
+    timed = TimedBackend(VLLMBackend(b.model, **b.engine_kwargs(max(b.populations))))
+    b.result["engine_startup_s"] = round(timed.backend.startup_s, 1)
+    meta = AdapterMeta(int(cfg.lora.rank), float(cfg.lora.alpha), tuple(cfg.lora.target_modules), b.model)
+    evaluator = PopulationEvaluator(timed, b.codec, lambda texts, refs: rewards.reward(texts, refs), meta,
+                                    timed.tokenizer, cfg.system_prompt, b.root)
+    try:
+        prompts = evaluator.prompts(b.problems)
+        generations = itertools.count()
+        # warm-up: the first LoRA batch and the first base batch pay one-off costs (allocator, kernels)
+        one_generation(evaluator, timed, bench_strategy(b.codec, 2, float(cfg.sigma0), int(cfg.seed)), b.problems[:2],
+                       Sampling(max_tokens=8), next(generations))
+        timed.generate(prompts[:2], [None, None], Sampling(max_tokens=8))
+        for P in b.populations:
+            b.result["rows"].append(_row(b, evaluator, timed, prompts, P, generations, plain))
+    finally:
+        evaluator.close()
+        timed.close()
+
+
+def _row(b: Bench, evaluator, timed: TimedBackend, prompts, P: int, generations, plain: dict) -> dict:
+    """One P's row: best base and population runs of ``repeats``, their ratios, all samples kept."""
+    cfg = b.cfg
+    flat = [p for _ in range(P) for p in prompts]
+    base_runs, pop_runs = [], []
+    for rep in range(max(1, int(cfg.repeats))):
+        la = os.getloadavg()[0]
+        base = _timed_generate(timed, flat, [None] * len(flat), b.sampling)
+        probe = P == b.phases_p and rep == 0
+        strategy = bench_strategy(b.codec, P, float(cfg.sigma0), int(cfg.seed))
+        gen_index = next(generations)
+        pop_runs.append(one_generation(evaluator, timed, strategy, b.problems, b.sampling, gen_index,
+                                       probe_generation=next(generations) if probe else None))
+        base_runs.append({**base, "loadavg": la})
+        log.info("P=%d rep %d: base %.1f tok/s, population %.1f tok/s", P, rep, base["tokens_per_s"],
+                 pop_runs[-1]["population"]["tokens_per_s"])
+    base = max(base_runs, key=lambda r: r["tokens_per_s"])
+    best = max(pop_runs, key=lambda r: r["population"]["tokens_per_s"])
+    row = {"P": P, "sequences": P * b.B, "base": base, "population": best["population"],
+           "ratio_pop_base": round(best["population"]["tokens_per_s"] / base["tokens_per_s"], 4),
+           "ratio_pop_base_cpu": (round(best["population"]["tokens_per_cpu_s"] / base["tokens_per_cpu_s"], 4)
+                                  if base.get("tokens_per_cpu_s") else None),
+           "samples": {"base": base_runs, "population": [r["population"] for r in pop_runs]}}
+    if P in plain:
+        row["base_without_lora"] = plain[P]
+        row["ratio_pop_base_without_lora"] = round(best["population"]["tokens_per_s"] / plain[P]["tokens_per_s"], 4)
+    if P == b.phases_p:
+        b.result["phases"] = {"P": P, **{k: v for k, v in pop_runs[0].items() if k != "population"}}
+    print(f"P={P}: base {base['tokens_per_s']:.1f} tok/s, population {best['population']['tokens_per_s']:.1f} tok/s "
+          f"({row['ratio_pop_base']:.3f} of base)", flush=True)
+    return row
+
+
+def naive(b: Bench) -> None:
+    """The naive loop (``naive.enabled``): transformers + peft over ``naive.candidates`` candidates, scaled to P."""
+    from engine.lora.files import write_adapter
+    from engine.prompts import build_prompt
+
+    cfg = b.cfg
+    if not cfg.naive.enabled:
+        return
+    k = max(1, int(cfg.naive.candidates))
+    strategy = bench_strategy(b.codec, max(2, k), float(cfg.sigma0), int(cfg.seed))  # CMA-ES needs P >= 2
+    dirs = [str(write_adapter(b.root / "naive" / f"cand_{i}", lora, int(cfg.lora.rank), float(cfg.lora.alpha), b.model))
+            for i, lora in enumerate(b.codec.decode_batch(strategy.ask()[:k]))]
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(b.float_model)
+    prompts = [build_prompt(tok, p.question, cfg.system_prompt) for p in b.problems]
+    nv = naive_per_candidate(b.float_model, dirs, prompts, b.T, b.dtype)
+    b.result["naive"] = nv
+    b.result["notes"].append(f"naive: transformers+peft, {nv['candidates_timed']} candidate(s) timed (load adapter, "
+                             f"generate over B={b.B} prompts, unload); P candidates = P x the per-candidate mean "
+                             "(extrapolated)")
+    for row in b.result["rows"]:
+        P = row["P"]
+        row["naive"] = _rate(round(nv["tokens_per_candidate"] * P), nv["seconds_per_candidate"] * P)
+        row["naive"]["extrapolated_from"] = nv["candidates_timed"]
+        row["ratio_pop_naive"] = round(row["population"]["tokens_per_s"] / row["naive"]["tokens_per_s"], 3)
+
+
+def write_result(b: Bench, out_path: Path) -> None:
+    """The load-average note, the JSON file, the printed table."""
+    res = b.result
+    res["loadavg_end"] = os.getloadavg()
+    if max(res["loadavg_start"][0], res["loadavg_end"][0]) > 1.5 * (os.cpu_count() or 1):
+        res["notes"].append(f"the machine was loaded by other processes (load average {res['loadavg_start'][0]:.1f} -> "
+                            f"{res['loadavg_end'][0]:.1f} on {os.cpu_count()} cores): absolute numbers are noisy, "
+                            "ratios of adjacent runs less so")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(res, indent=2, default=float))
+    print(format_table(res))
+    print(f"\nJSON: {out_path}")
+
+
+def main(cfg, run_dir: str | Path | None = None) -> dict:
     """Run the benchmark described by ``cfg`` (conf/bench.yaml); print the table, write JSON.
 
     Returns:
-        The result dict that is written to ``cfg.output``.
+        The result dict that is written to ``cfg.output`` (default ``<run dir>/bench.json``).
 
     Raises:
-        ValueError: bad settings (see :func:`check_settings`), unreadable ``data``.
+        ValueError: bad settings (:func:`engine.commands.bench_config.validate`), unreadable ``data``.
     """
-    from omegaconf import OmegaConf
-
-    from .backends import Sampling
-    from .backends.vllm_local import VLLMBackend, is_cpu_platform
-    from .hardware import detect_device, resolve_dtype
-    from .model import resolve_model_path, serving_model_path
-    from .prompts import build_prompt
-
-    populations, B, T, phases_p = check_settings(cfg)
-    device = detect_device()
-    dtype, dtype_reason = resolve_dtype(cfg.model.dtype, device)  # logs one line
-    out_path = Path(cfg.output) if cfg.get("output") else Path(_run_dir()) / "bench.json"
-
-    float_model = resolve_model_path(cfg.model.path)
-    quantization = cfg.model.get("quantization")
-    model = serving_model_path(float_model, quantization)  # what vLLM serves: float or quantized (model.quantization)
-    qa = load_questions(cfg.data, B)
-    answers = [a for _, a in qa]
-    sampling = Sampling(max_tokens=T, temperature=0.0)
-    notes: list[str] = []
-    cpu = is_cpu_platform()
-    fast = bool(cfg.engine.fast_lora) and cpu
-    settings = {"model": cfg.model.path, "model_path": model, "populations": populations, "prompts_per_candidate": B,
-                "max_tokens": T, "rank": int(cfg.lora.rank), "lora_alpha": float(cfg.lora.alpha), "sigma0": float(cfg.sigma0),
-                "fast_lora": fast, "repeats": int(cfg.repeats), "engine": OmegaConf.to_container(cfg.engine, resolve=True),
-                "data": str(cfg.data), "sampling": "greedy", "seed": int(cfg.seed), "prefix_caching": False,
-                "lora_target_modules": list(cfg.lora.target_modules), "dtype": dtype, "dtype_reason": dtype_reason,
-                "dtype_requested": str(cfg.model.dtype), "quantization": quantization}
-    result: dict[str, Any] = {"machine": machine_info(device), "settings": settings, "rows": [], "notes": notes,
-                              "loadavg_start": os.getloadavg()}
-
-    pop = Population(lora_shapes(model), int(cfg.lora.rank), float(cfg.sigma0), int(cfg.seed))
-    if pop.note:
-        notes.append(pop.note)
-    meta = {"rank": int(cfg.lora.rank), "alpha": float(cfg.lora.alpha), "base_model": model,
-            "target_modules": tuple(cfg.lora.target_modules)}
-    root = Path(tempfile.mkdtemp(prefix="essa-bench-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None))
-
-    plain: dict[int, dict] = {}
-    if cfg.get("base_without_lora"):
-        # the strict limit: an engine without LoRA support at all (vLLM's LoRA layer wrappers and
-        # per-step mapping cost a little even when no request has an adapter)
-        eng = VLLMBackend(model, max_model_len=int(cfg.model.max_model_len), dtype=dtype, seed=int(cfg.seed),
-                          kv_cache_gib=float(cfg.engine.kv_cache_gib), max_num_seqs=int(cfg.engine.max_num_seqs),
-                          enable_lora=False, fast_lora=False, extra={"enable_prefix_caching": False})
-        try:
-            prompts = [build_prompt(eng.tokenizer, q, cfg.system_prompt) for q, _ in qa]
-            eng.generate(prompts[:2], [None, None], Sampling(max_tokens=8), use_tqdm=False)
-            for P in populations:
-                flat = [p for _ in range(P) for p in prompts]
-                plain[P], _ = _timed_generate(eng, flat, [None] * len(flat), sampling)
-                print(f"P={P}: base without LoRA support {plain[P]['tokens_per_s']:.1f} tok/s", flush=True)
-        finally:
-            eng.close()
-
-    # Prefix caching off: the base run repeats B prompts P times and would otherwise prefill each
-    # once, while candidates (distinct LoRA ids) cannot share cached prompts; off, both runs do the
-    # same work. LoRA only where the adapters have weights (vLLM would also wrap the MLP).
-    extra = {"enable_prefix_caching": False, "lora_target_modules": list(cfg.lora.target_modules)}
-    backend = VLLMBackend(model, max_lora_rank=int(cfg.lora.rank), max_loras=max(populations),
-                          max_model_len=int(cfg.model.max_model_len), dtype=dtype, seed=int(cfg.seed),
-                          kv_cache_gib=float(cfg.engine.kv_cache_gib), max_num_seqs=int(cfg.engine.max_num_seqs),
-                          fast_lora=bool(cfg.engine.fast_lora), extra=extra)
-    result["engine_startup_s"] = round(backend.startup_s, 1)
+    b = prepare(cfg)
     try:
-        prompts = [build_prompt(backend.tokenizer, q, cfg.system_prompt) for q, _ in qa]
-        # warm-up: first LoRA batch and first base batch pay one-off costs (allocator, kernels)
-        # One generation index per adapter set (warm-up, every (P, repeat), the load probe), so no
-        # lora_int_id is ever reused for other weights: vLLM would serve the cached adapter.
-        generations = itertools.count()
-        warm = one_generation(backend, pop, 2, prompts[:2], answers[:2], Sampling(max_tokens=8), meta, root,
-                              next(generations), False)
-        del warm
-        backend.generate(prompts[:2], [None, None], Sampling(max_tokens=8), use_tqdm=False)
-
-        for P in populations:
-            flat = [p for _ in range(P) for p in prompts]
-            best: dict[str, Any] | None = None
-            base_runs, pop_runs = [], []
-            for rep in range(max(1, int(cfg.repeats))):
-                la = os.getloadavg()[0]
-                base, _ = _timed_generate(backend, flat, [None] * len(flat), sampling)
-                measure_load = P == phases_p and rep == 0
-                gen = one_generation(backend, pop, P, prompts, answers, sampling, meta, root,
-                                     generation=next(generations), measure_load=measure_load,
-                                     probe_generation=next(generations) if measure_load else None)
-                base["loadavg"] = la
-                base_runs.append(base)
-                pop_runs.append(gen)
-                log.info("P=%d rep %d: base %.1f tok/s, population %.1f tok/s", P, rep, base["tokens_per_s"],
-                         gen["population"]["tokens_per_s"])
-            base = max(base_runs, key=lambda r: r["tokens_per_s"])
-            best = max(pop_runs, key=lambda r: r["population"]["tokens_per_s"])
-            row = {"P": P, "sequences": P * B, "base": base, "population": best["population"],
-                   "ratio_pop_base": round(best["population"]["tokens_per_s"] / base["tokens_per_s"], 4),
-                   "ratio_pop_base_cpu": (round(best["population"]["tokens_per_cpu_s"] / base["tokens_per_cpu_s"], 4)
-                                          if base.get("tokens_per_cpu_s") else None),
-                   "samples": {"base": base_runs, "population": [r["population"] for r in pop_runs]}}
-            if P in plain:
-                row["base_without_lora"] = plain[P]
-                row["ratio_pop_base_without_lora"] = round(best["population"]["tokens_per_s"] / plain[P]["tokens_per_s"], 4)
-            if P == phases_p:
-                result["phases"] = {"P": P, **{k: v for k, v in pop_runs[0].items() if k != "population"}}
-            result["rows"].append(row)
-            print(f"P={P}: base {base['tokens_per_s']:.1f} tok/s, population {best['population']['tokens_per_s']:.1f} tok/s "
-                  f"({row['ratio_pop_base']:.3f} of base)", flush=True)
+        plain = base_without_lora(b)
+        population_rows(b, plain)
+        naive(b)
     finally:
-        backend.close()
-
-    if cfg.naive.enabled:
-        k = max(1, int(cfg.naive.candidates))
-        strategy = pop.strategy(max(2, k))  # CMA-ES needs a population of at least 2
-        loras = pop.codec.decode_batch(strategy.ask()[:k]) if strategy is not None else pop.random_states(k, 999000)
-        from .adapters import write_adapter
-        dirs = [str(write_adapter(root / "naive" / f"cand_{i}", lora, meta["rank"], meta["alpha"], model))
-                for i, lora in enumerate(loras)]
-        nv = naive_per_candidate(float_model, dirs, prompts, T, dtype)
-        result["naive"] = nv
-        notes.append(f"naive: transformers+peft, {nv['candidates_timed']} candidate(s) timed (load adapter, generate "
-                     f"over B={B} prompts, unload); P candidates = P x the per-candidate mean (extrapolated)")
-        for row in result["rows"]:
-            P = row["P"]
-            row["naive"] = _rate(round(nv["tokens_per_candidate"] * P), nv["seconds_per_candidate"] * P)
-            row["naive"]["extrapolated_from"] = nv["candidates_timed"]
-            row["ratio_pop_naive"] = round(row["population"]["tokens_per_s"] / row["naive"]["tokens_per_s"], 3)
-    shutil.rmtree(root, ignore_errors=True)
-    result["loadavg_end"] = os.getloadavg()
-    if max(result["loadavg_start"][0], result["loadavg_end"][0]) > 1.5 * (os.cpu_count() or 1):
-        notes.append(f"the machine was loaded by other processes (load average {result['loadavg_start'][0]:.1f} -> "
-                     f"{result['loadavg_end'][0]:.1f} on {os.cpu_count()} cores): absolute numbers are noisy, ratios of "
-                     "adjacent runs less so")
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(result, indent=2, default=float))
-    table = format_table(result)
-    print(table)
-    print(f"\nJSON: {out_path}")
-    return result
+        shutil.rmtree(b.root, ignore_errors=True)
+    write_result(b, Path(cfg.output) if cfg.get("output") else Path(run_dir or os.getcwd()) / "bench.json")
+    return b.result
 
 
-def _run_dir() -> str:
-    """Hydra's run directory when running under Hydra, else the working directory."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        return HydraConfig.get().runtime.output_dir
-    except Exception:
-        return os.getcwd()
+def run(cfg, run_dir) -> None:
+    """``essa bench``'s command function."""
+    main(cfg, run_dir)

@@ -1,13 +1,13 @@
 """vLLM general plugin that installs the fast CPU multi-LoRA kernels.
 
 Registered in ``pyproject.toml`` as ``[project.entry-points."vllm.general_plugins"]
-essa_fast_lora = "engine.fast_lora.plugin:register"``; vLLM calls :func:`register` in every
+essa_fast_lora = "engine.backends.fast_lora.plugin:register"``; vLLM calls :func:`register` in every
 process it starts (the ``LLM`` process, EngineCore and its workers), possibly more than once, so
 installing is idempotent.
 
 The patch is one line: ``vllm.platforms.cpu.CpuPlatform.get_punica_wrapper`` (the class method the
 LoRA model manager asks for the punica wrapper's qualified name) returns
-``engine.fast_lora.punica.FastPunicaWrapperCPU`` instead of vLLM's ``PunicaWrapperCPU``. No vLLM
+``engine.backends.fast_lora.punica.FastPunicaWrapperCPU`` instead of vLLM's ``PunicaWrapperCPU``. No vLLM
 file is modified; GPU, XPU and ROCm platforms are never touched.
 
 The no-adapter fix (issue 17): vLLM 0.32's CPU torch ops (``vllm/lora/ops/torch_ops/lora_ops.py``)
@@ -33,7 +33,7 @@ import os
 
 ENV_VAR = "ESSA_FAST_LORA"
 TESTED_VLLM_VERSIONS = ("0.32.0",)
-WRAPPER_QUALNAME = "engine.fast_lora.punica.FastPunicaWrapperCPU"
+WRAPPER_QUALNAME = "engine.backends.fast_lora.punica.FastPunicaWrapperCPU"
 _OFF = ("0", "false", "off", "no")
 
 MASK_VLLM_VERSIONS = ("0.32.0",)
@@ -83,7 +83,7 @@ def install() -> None:
 
     if is_installed():
         return
-    import engine.fast_lora.punica  # noqa: F401  (fail here, not inside vLLM, if it cannot import)
+    import engine.backends.fast_lora.punica  # noqa: F401  (fail here, not inside vLLM, if it cannot import)
 
     _original_get_punica_wrapper = CpuPlatform.__dict__["get_punica_wrapper"]
     CpuPlatform.get_punica_wrapper = classmethod(lambda cls: WRAPPER_QUALNAME)

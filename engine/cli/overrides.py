@@ -1,122 +1,39 @@
-"""``essa``: the command line.
-
-    essa train [overrides...]     SFT warm start + ES (default when no command is given)
-    essa bench [overrides...]     population-evaluation throughput benchmark
-    essa eval  [overrides...]     accuracy / pass@k of a model with or without adapters
-    essa grpo  [overrides...]     GRPO / F-GRPO baseline (TRL)
-    essa report RUN_DIR [...]     PNG figures + Markdown summary of run directories
-    essa prepare-model [--quantization int8,int4] [--model PATH] [--force]
-                                  convert the embedded default model once; write quantized copies
-
-Hydra composes each command's config from conf/ (``conf/<command>.yaml``); every field is
-overridable and ``-m`` runs sweeps. Bad configuration exits with status 2 and one line naming the
-field and the fix.
-"""
+"""One-line messages for bad overrides, checked before Hydra runs (Hydra itself prints several lines
+and exits 1): a misspelt field (with the nearest one), a ``+key`` the schema lacks, a config group the
+command does not use, a composition error. Each names the override and the fix."""
 from __future__ import annotations
 
-import logging
-import math
+import dataclasses
 import os
-import sys
-from pathlib import Path
+import typing
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-HYDRA_COMMANDS = {"train": "train", "bench": "bench", "eval": "eval", "grpo": "grpo"}
-USER_ERRORS = (ValueError, FileNotFoundError, KeyError)
+from engine.commands import COMMANDS, hydra_commands
+from engine.config import CONF_DIR, ConfigError
 
 
-def _fail(e: BaseException) -> None:
-    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    print(f"essa: error: {msg}", file=sys.stderr)
-    sys.exit(2)
+def unknown_keys(cfg, command: str) -> list[str]:
+    """Dotted keys of a composed config that its schema does not have (``+key=...`` overrides get
+    past Hydra's struct check). Free-form dict fields (``strategy.options``, ``engine.extra``) are
+    not checked. Returns [] for commands without a schema."""
+    from omegaconf import DictConfig
 
+    schema = COMMANDS[command].schema()
+    if schema is None:
+        return []
 
-def _run(command: str, cfg) -> float | None:
-    """Hydra's task function: run one job of ``command``.
+    def walk(node, schema: type, prefix: str) -> list[str]:
+        hints = typing.get_type_hints(schema)
+        out = []
+        for key in node.keys():
+            if key == "hydra":
+                continue
+            if key not in hints:
+                out.append(f"{prefix}{key}")
+            elif dataclasses.is_dataclass(hints[key]) and isinstance(node._get_node(key), DictConfig):
+                out += walk(node._get_node(key), hints[key], f"{prefix}{key}.")
+        return out
 
-    Returns:
-        ``essa train``: held-out accuracy of the final mean genome (``summary.json`` ``val.mean``,
-        a fraction in [0, 1]; None when the run made no final validation), ``essa grpo``: the final
-        policy's accuracy, so Hydra sweepers (``hydra/sweeper=optuna``) can optimise it; None for
-        the other commands.
-
-    A single run that fails on bad configuration or input exits 2 with one line. In a multirun
-    (``-m``) every failure is caught instead: its line goes to ``<job dir>/error.txt`` and the
-    job's log, the job returns None (Optuna records a failed trial), and the sweep goes on
-    (engine/sweeps.py).
-    """
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    from . import interrupts
-    from .sweeps import clear_job_failure, error_line, record_job_failure
-
-    hc = HydraConfig.get()
-    run_dir = hc.runtime.output_dir
-    multirun = hc.mode == RunMode.MULTIRUN
-    if multirun:
-        clear_job_failure(run_dir)
-    try:
-        if command == "train":
-            from .loop import run_train
-            from .plugins import check_strategy_choice
-            check_strategy_choice(cfg, hc.runtime.choices.get("strategy"))
-            result = run_train(cfg, run_dir)
-            accuracy = float(result.get("val", {}).get("mean", float("nan")))
-            return accuracy if math.isfinite(accuracy) else None  # Optuna 2.10 crashes on a NaN value
-        elif command == "bench":
-            from .bench import main as bench_main
-            bench_main(cfg)
-        elif command == "eval":
-            from .evaluate import main as eval_main
-            eval_main(cfg, run_dir)
-        elif command == "grpo":
-            from .grpo import main as grpo_main
-            result = grpo_main(cfg, run_dir)
-            return float(result["accuracy"]) if isinstance(result, dict) and "accuracy" in result else None
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except Exception as e:
-        if interrupts.requested():  # e.g. vLLM's EngineDeadError: the Ctrl-C also reached the engine's process
-            print(f"essa: interrupted ({type(e).__name__} after Ctrl-C)", file=sys.stderr)
-            sys.exit(130)
-        user_error = isinstance(e, USER_ERRORS)
-        if os.environ.get("ESSA_DEBUG"):
-            raise
-        if multirun:
-            if not user_error:
-                logging.getLogger("essa").exception("job failed")  # the traceback, into the job's log
-            record_job_failure(run_dir, error_line(e, user_error))
-            return None  # not NaN: Optuna 2.10's sweeper crashes on NaN; None makes a failed trial
-        if user_error:
-            remove_refused_run_dir(run_dir, f"{hc.job.name}.log")
-            _fail(e)
-        raise
-    return None
-
-
-def remove_refused_run_dir(run_dir: str | Path, job_log: str) -> bool:
-    """Remove the run directory Hydra made for a run that was refused before writing anything.
-
-    Only a directory holding nothing but Hydra's ``.hydra/`` (config.yaml, hydra.yaml,
-    overrides.yaml) and the job's log ``job_log`` is removed, so a refused run leaves no empty run
-    behind for ``essa report`` or ``resume`` to trip on; anything else in it (a run's run.json,
-    checkpoints, adapters, a user's own files) keeps the directory. Returns whether it was removed.
-    """
-    import shutil
-
-    d = Path(run_dir)
-    try:
-        entries = {p.name for p in d.iterdir()}
-        hydra_files = {p.name for p in (d / ".hydra").iterdir()} if (d / ".hydra").is_dir() else None
-    except OSError:
-        return False
-    if hydra_files is None or not hydra_files <= {"config.yaml", "hydra.yaml", "overrides.yaml"}:
-        return False
-    if not entries <= {".hydra", job_log} or not (d / job_log).is_file() and job_log in entries:
-        return False
-    shutil.rmtree(d, ignore_errors=True)
-    return not d.exists()
+    return walk(cfg, schema, "")
 
 
 def hydra_error_line(e: BaseException, command: str = "train") -> str:
@@ -148,20 +65,18 @@ def config_groups(command: str) -> list[str]:
     """The config groups (folders of conf/) that ``conf/<command>.yaml``'s defaults list selects."""
     from omegaconf import OmegaConf
 
-    defaults = OmegaConf.to_container(OmegaConf.load(CONF_DIR / f"{HYDRA_COMMANDS[command]}.yaml")).get("defaults") or []
+    defaults = OmegaConf.to_container(OmegaConf.load(CONF_DIR / f"{COMMANDS[command].yaml}.yaml")).get("defaults") or []
     names = [k.split()[-1].split("@")[0] for d in defaults if isinstance(d, dict) for k in d]  # "optional x@pkg"
-    return sorted(n for n in names if (CONF_DIR / n).is_dir())
+    return sorted(n for n in names if n != "hydra" and (CONF_DIR / n).is_dir())  # hydra: Hydra's own settings
 
 
 def _compose_ok(command: str, overrides: list[str]) -> bool:
     """Whether ``command``'s config composes with ``overrides`` and has no field its schema lacks."""
     from hydra import compose, initialize_config_dir
 
-    from .config import unknown_keys
-
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return not unknown_keys(compose(config_name=HYDRA_COMMANDS[command], overrides=overrides), command)
+            return not unknown_keys(compose(config_name=COMMANDS[command].yaml, overrides=overrides), command)
     except Exception:  # noqa: BLE001 - any failure means "does not accept"
         return False
 
@@ -182,7 +97,7 @@ def group_override_error(command: str, argv: list[str]) -> str | None:
         overrides = OverridesParser.create().parse_overrides(argv)
     except Exception:  # noqa: BLE001 - a malformed override: Hydra's own error says which
         return None
-    listed = {c: config_groups(c) for c in HYDRA_COMMANDS}
+    listed = {c: config_groups(c) for c in hydra_commands()}
     for o in overrides:
         group = o.key_or_group
         if group.startswith("hydra") or not (CONF_DIR / group).is_dir() or group in listed[command]:
@@ -200,7 +115,7 @@ def group_override_error(command: str, argv: list[str]) -> str | None:
                 return (f"override '{o.input_line}': config group '{group}' is an overlay that no defaults list "
                         f"selects; add it with '+': +{o.input_line}")
             continue
-        others = [f"essa {c}" for c in HYDRA_COMMANDS if c != command and accepts(c)]
+        others = [f"essa {c}" for c in hydra_commands() if c != command and accepts(c)]
         where = f" ({' and '.join(others)} {'accepts' if len(others) == 1 else 'accept'} it)" if others else ""
         own = (f"essa {command}'s groups: {', '.join(listed[command])}" if listed[command]
                else f"essa {command} takes no config groups")
@@ -277,7 +192,7 @@ def misspelt_key_error(command: str, argv: list[str]) -> str | None:
     for ovs in (base, []):
         try:
             with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-                cfg = compose(config_name=HYDRA_COMMANDS[command], overrides=ovs)
+                cfg = compose(config_name=COMMANDS[command].yaml, overrides=ovs)
             break
         except Exception:  # noqa: BLE001 - a bad group or addition: Hydra's own error says which
             continue
@@ -294,113 +209,37 @@ def misspelt_key_error(command: str, argv: list[str]) -> str | None:
     return None
 
 
-def _precheck(command: str, argv: list[str]) -> None:
+def precheck(command: str, argv: list[str]) -> None:
     """Check the overrides before Hydra runs, so a bad one exits 2 with one line (Hydra itself prints
     several lines and exits 1). The config is composed once; with Hydra flags (``-m``, ``--cfg`` ...)
     only misspelt fields are checked (:func:`misspelt_key_error`). ``HYDRA_FULL_ERROR=1`` keeps
-    Hydra's full trace: a composition error is raised as it is, or left to Hydra."""
+    Hydra's full trace: a composition error is raised as it is, or left to Hydra.
+
+    Raises:
+        ConfigError: the one line.
+    """
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
-
-    from .config import ConfigError, unknown_keys
 
     full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     if any(a.startswith("-") for a in argv):
         line = None if full_error else misspelt_key_error(command, argv)
         if line:
-            _fail(ConfigError(line))
+            raise ConfigError(line)
         return
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name=HYDRA_COMMANDS[command], overrides=argv)
+            cfg = compose(config_name=COMMANDS[command].yaml, overrides=argv)
     except (HydraException, OmegaConfBaseException) as e:
         if full_error:
             raise
-        _fail(ValueError(group_override_error(command, argv) or misspelt_key_error(command, argv)
-                         or hydra_error_line(e, command)))
+        raise ConfigError(group_override_error(command, argv) or misspelt_key_error(command, argv)
+                          or hydra_error_line(e, command)) from None
     extra = unknown_keys(cfg, command)
     if extra or not config_groups(command):  # a command without groups composes any '+group=...' silently
         line = group_override_error(command, argv)
         if line:
-            _fail(ConfigError(line))
+            raise ConfigError(line)
     if extra:
-        _fail(ConfigError(no_such_field_line(command, extra[0], cfg, added=True)))
-
-
-def _hydra(command: str, argv: list[str]) -> None:
-    import hydra
-
-    from .config import register_configs
-
-    register_configs()
-    _precheck(command, argv)
-
-    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=HYDRA_COMMANDS[command])
-    def entry(cfg):
-        return _run(command, cfg)
-
-    from . import interrupts
-    from .sweeps import FINISHED_SWEEPS, failure_lines
-
-    sys.argv = [f"essa {command}"] + argv
-    FINISHED_SWEEPS.clear()
-    # Ctrl-C / kill -INT stops the run with a resume hint, even where SIGINT was inherited ignored
-    # (a background job of a shell without job control) or also reached vLLM's engine process
-    with interrupts.handling():
-        entry()
-    for sweep_dir in FINISHED_SWEEPS:  # multirun: name every failed job, then exit non-zero
-        lines = failure_lines(sweep_dir)
-        if lines:
-            print("essa: error: " + "\n".join(lines), file=sys.stderr)
-            sys.exit(1)
-
-
-def _prepare_model(argv: list[str]) -> None:
-    """``essa prepare-model``: the float checkpoint (embedded default, or ``--model``), then one
-    quantized copy per ``--quantization`` value (int8, int4; comma-separated or repeated); prints
-    each directory."""
-    import argparse
-
-    from .model import DEFAULT_MODEL, get_quantization, prepare_embedded_model, quantized_model_path, resolve_model_path
-
-    ap = argparse.ArgumentParser(prog="essa prepare-model", description=_prepare_model.__doc__)
-    ap.add_argument("--model", default=DEFAULT_MODEL, help="model.path: HF id, directory or embedded:... (default)")
-    ap.add_argument("--quantization", action="append", default=[], help="int8 and/or int4 (comma-separated)")
-    ap.add_argument("--force", action="store_true", help="rebuild even when a finished copy exists")
-    args = ap.parse_args(argv)
-    names = [get_quantization(q).name for arg in args.quantization for q in arg.split(",") if q]
-    if args.model == DEFAULT_MODEL:
-        path = str(prepare_embedded_model(force=args.force))
-    else:
-        path = resolve_model_path(args.model)
-    print(path)
-    for name in names:
-        print(quantized_model_path(path, name, force=args.force))
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Entry point of the ``essa`` console script."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(name)s] %(message)s", datefmt="%H:%M:%S")
-    command = "train"
-    if argv and argv[0] in (*HYDRA_COMMANDS, "report", "prepare-model", "help"):
-        command = argv.pop(0)
-    if argv[:1] in (["-h"], ["--help"]) and command == "train" or command == "help":
-        print(__doc__)
-        if command == "help":
-            return
-    if command == "report":
-        from .report import cli as report_cli
-        return report_cli(argv)
-    if command == "prepare-model":
-        try:
-            _prepare_model(argv)
-        except USER_ERRORS as e:
-            _fail(e)
-        return
-    _hydra(command, argv)
-
-
-if __name__ == "__main__":
-    main()
+        raise ConfigError(no_such_field_line(command, extra[0], cfg, added=True))

@@ -1,0 +1,49 @@
+"""``essa``: the command line.
+
+    essa [command] [overrides...]
+
+Commands (engine/commands/__init__.py, one table):
+    train          SFT warm start + ES (the default when no command is given)
+    bench          population-evaluation throughput benchmark
+    eval           accuracy / pass@k of a model with or without adapters
+    grpo           GRPO / F-GRPO baseline (TRL)
+    report         PNG figures + Markdown summary: essa report RUN_DIR [...] [--out DIR]
+    prepare-model  convert the embedded default model once; write quantized copies
+                   (--quantization int8,int4 --model PATH --force)
+
+Hydra composes each Hydra command's config from conf/ (``conf/<command>.yaml``); every field is
+overridable and ``-m`` runs sweeps. Bad configuration exits with status 2 and one line naming the
+field and the fix.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+
+from engine.commands import COMMANDS
+
+from .hydra_app import USER_ERRORS, fail, run_hydra
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``essa`` console script: dispatch to the command named first (train by default)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(name)s] %(message)s", datefmt="%H:%M:%S")
+    command = "train"
+    if argv and argv[0] in (*COMMANDS, "help"):
+        command = argv.pop(0)
+    if argv[:1] in (["-h"], ["--help"]) and command == "train" or command == "help":
+        print(__doc__)
+        if command == "help":
+            return
+    c = COMMANDS[command]
+    if c.hydra:
+        return run_hydra(command, argv)
+    try:
+        c.runner()(argv)
+    except USER_ERRORS as e:
+        fail(e)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,4 @@
+"""``python -m engine.cli``: the ``essa`` command."""
+from engine.cli import main
+
+main()

@@ -1,0 +1,354 @@
+"""``essa eval``: greedy accuracy, avg@n and pass@k of a base model with and without PEFT adapters.
+
+Conditions are the base model (``no_adapter``, unless ``include_base=false``) and every adapter
+named in ``adapters`` (an adapter directory, or a run directory whose ``adapters/mean`` and
+``adapters/best`` are taken). Each pass puts every (condition, problem) request into ONE multi-LoRA
+vLLM batch (the same engine and reward as training, engine/backends/vllm_local.py, rewards/):
+
+1. greedy (temperature 0, one completion per problem) -> greedy accuracy;
+2. when ``n > 1``: n samples per problem at ``temperature`` -> avg@n (mean accuracy over the
+   samples) and pass@k for every k in ``ks`` with the unbiased estimator of Chen et al. 2021
+   (arXiv 2107.03374, Eq. 1; engine/results/passk.py). F-GRPO (arXiv 2602.06717) reports pass@256 this way.
+
+A sample counts as solved when its reward status is ``correct``; ``timeout`` (the completion made the
+checker hang) counts as unsolved; ``error`` (the reference cannot be scored) is left out of n, never
+scored 0 (docs/ARCHITECTURE.md).
+
+Two accuracies, as GSM8K harnesses report them (lm-evaluation-harness: ``strict-match`` and
+``flexible-extract``): *strict* is the training reward (``cfg.reward``: an answer marker such as
+``\boxed{}``, ``####`` or "The answer is" is required); *flexible* scores the same completions with
+``lenient=True`` (the marked answer when there is one, else the last number of the completion;
+rewards/extract.py), so a base model that does not mark its answer is measured fairly. Every metric
+without ``flexible`` in its name is strict.
+
+Outputs in the run directory (Hydra's, or ``output_dir``):
+
+| file | content |
+|---|---|
+| ``eval_problems.parquet`` | one row per (condition, problem), columns below |
+| ``eval_summary.json`` | settings and, per condition, ``greedy_accuracy, greedy_accuracy_flexible, avg_at_n, avg_at_n_flexible, pass_at_k {k: value}, n_problems`` |
+| ``eval_samples.parquet`` | with ``save_completions=true``: one row per completion |
+
+eval_problems.parquet columns: ``problem_id, condition, adapter, reference, greedy_correct,
+greedy_status, greedy_extracted, greedy_flexible_correct, greedy_flexible_extracted, greedy_tokens``
+(greedy pass) and ``n`` (scorable samples), ``n_correct, n_correct_flexible, n_error, extracted (list),
+statuses (list), mean_tokens`` (sampled pass; n = 0 when n == 1).
+
+pass@k policy: every k is averaged over ONE problem set, the problems with at least max(ks) scorable
+samples, so pass@k never falls as k grows (engine/results/passk.py); the summary counts the problems left out.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from engine import io
+from engine.backends import AdapterRef, Sampling, lora_int_id
+from engine.commands.eval_config import RUN_ADAPTERS, validate
+from engine.config import ConfigError
+from engine.evaluation.passes import PassResult, run_pass
+from engine.lora.checks import adapter_rank, check_adapter_weights
+from engine.prompts import build_prompt
+from engine.results.passk import pass_at_k_fixed_set
+from engine.tasks import Problem, load_task
+
+log = logging.getLogger("essa.eval")
+
+BASE = "no_adapter"
+
+
+# --- conditions --------------------------------------------------------------------------------
+
+def _adapter_specs(spec) -> list[str]:
+    if spec is None:
+        return []
+    if OmegaConf.is_config(spec):
+        spec = OmegaConf.to_container(spec, resolve=True)
+    if isinstance(spec, (str, Path)):
+        spec = [spec]
+    out = [str(s).strip() for s in spec]
+    return [s for s in out if s and s.lower() not in ("none", "null")]
+
+
+def _is_adapter_dir(p: Path) -> bool:
+    return (p / "adapter_config.json").is_file()
+
+
+def resolve_conditions(spec, include_base: bool = True) -> dict[str, Path | None]:
+    """Condition name -> adapter directory (None = base model), in evaluation order.
+
+    Names: ``no_adapter`` for the base model; ``mean``/``best`` (essa train) or ``final`` (essa grpo)
+    for a run directory's exports    (prefixed ``<run dir name>/`` when several sources are given); the directory name otherwise.
+
+    Raises:
+        FileNotFoundError: a path that is neither a PEFT adapter nor a run dir with adapters/.
+        ConfigError: nothing to evaluate.
+    """
+    entries = _adapter_specs(spec)
+    conds: dict[str, Path | None] = {BASE: None} if include_base else {}
+
+    def add(name: str, path: Path) -> None:
+        base, i = name, 2
+        while name in conds:
+            name, i = f"{base}-{i}", i + 1
+        conds[name] = path
+
+    for entry in entries:
+        p = Path(entry).expanduser()
+        if _is_adapter_dir(p):
+            add(p.name, p.resolve())
+        elif (p / "adapters").is_dir():
+            found = [p / "adapters" / k for k in RUN_ADAPTERS if _is_adapter_dir(p / "adapters" / k)]
+            if not found:
+                raise FileNotFoundError(f"adapters: run dir {p} has no adapters/mean, adapters/best (essa train) "
+                                        f"or adapters/final (essa grpo) "
+                                        f"(did the run finish?); pass an adapter directory instead")
+            for a in found:
+                add(a.name if len(entries) == 1 else f"{p.name}/{a.name}", a.resolve())
+        else:
+            raise FileNotFoundError(f"adapters: {p} is neither a PEFT adapter (adapter_config.json) nor a run "
+                                    f"directory with adapters/; check the path")
+    if not conds:
+        raise ConfigError("nothing to evaluate: adapters is empty and include_base=false; "
+                          "name an adapter or set include_base=true")
+    return conds
+
+
+# PEFT LoraConfig fields (peft/tuners/lora/config.py) as essa eval's vLLM engine serves them
+# (vLLM 0.32, vllm/lora/peft_helper.py and lora_model.py). Served: ``r`` with ``rank_pattern`` (the
+# engine's max_lora_rank must cover the largest), ``lora_alpha`` with ``alpha_pattern`` and
+# ``use_rslora`` (per-module scaling alpha / r or alpha / sqrt(r)), ``target_modules`` as a list or a
+# regex string (vLLM takes the adapted modules from the weight names). Not served, so refused here
+# with one line instead of failing inside the engine or being dropped: DoRA, ``modules_to_save``
+# (whole trained modules), adapter biases.
+
+
+def select_problems(cfg) -> list[Problem]:
+    """The problems of ``cfg.split`` (first ``cfg.limit`` when > 0)."""
+    task = load_task(cfg.task)
+    if task.skipped:
+        log.warning("task %s: skipped rows without a usable answer: %s", task.name, task.skipped)
+    problems = task.val if cfg.split == "val" else task.train
+    return problems[: cfg.limit] if cfg.limit else problems
+
+
+# --- summary -----------------------------------------------------------------------------------
+
+def summarise(greedy: PassResult, sampled: PassResult | None, ks: Sequence[int], names: Sequence[str]) -> dict:
+    """Per-condition metrics.
+
+    greedy_accuracy: fraction of scorable problems solved greedily. avg_at_n: mean over problems of
+    c / n. ``greedy_accuracy_flexible`` / ``avg_at_n_flexible``: the same under the flexible reward
+    (None when it was not run; module docstring). pass_at_k: ``{k: mean pass@k}``, every k over the
+    same problems: those with at least max(ks) scorable samples (engine/results/passk.py,
+    :func:`~engine.results.passk.pass_at_k_fixed_set`), so it never falls as k grows; ``pass_at_k_problems``
+    counts them, ``pass_at_k_excluded`` the others.
+    """
+    out = {}
+    for a, name in enumerate(names):
+        g_ok = greedy.scored[a, :, 0]
+        row = {"greedy_accuracy": float(greedy.correct[a, :, 0][g_ok].mean()) if g_ok.any() else None,
+               "greedy_no_answer": float((greedy.status[a, :, 0] == "no_answer").mean()),
+               "greedy_mean_tokens": float(greedy.n_tokens[a].mean()),
+               "n_problems": int(greedy.correct.shape[1]), "n_scored_problems": int(g_ok.sum()),
+               "avg_at_n": None, "pass_at_k": {}, "pass_at_k_problems": {},
+               "greedy_accuracy_flexible": None, "avg_at_n_flexible": None}
+        if greedy.flexible_correct is not None and g_ok.any():
+            row["greedy_accuracy_flexible"] = float(greedy.flexible_correct[a, :, 0][g_ok].mean())
+        if sampled is not None:
+            n = sampled.scored[a].sum(axis=1)                                    # (N,)
+            c = (sampled.correct[a] & sampled.scored[a]).sum(axis=1)             # (N,)
+            has = n > 0
+            row["avg_at_n"] = float((c[has] / n[has]).mean()) if has.any() else None
+            if sampled.flexible_correct is not None and has.any():
+                c_flex = (sampled.flexible_correct[a] & sampled.scored[a]).sum(axis=1)  # (N,)
+                row["avg_at_n_flexible"] = float((c_flex[has] / n[has]).mean())
+            row["sampled_mean_tokens"] = float(sampled.n_tokens[a].mean())
+            table, in_set = pass_at_k_fixed_set(n, c, ks)                     # one problem set for every k
+            row["pass_at_k"] = {str(k): v for k, v in table.items()}
+            row["pass_at_k_problems"] = {str(k): int(in_set.sum()) for k in table}
+            row["pass_at_k_excluded"] = int((~in_set).sum()) if ks else 0
+        out[name] = row
+    return out
+
+
+def format_table(summary: dict, n: int, ks: Sequence[int], title: str) -> str:
+    """The printed results table (one line per condition; ``flexible``: greedy, flexible reward)."""
+    flex = any(r.get("greedy_accuracy_flexible") is not None for r in summary.values())
+    cols = ["greedy"] + (["flexible"] if flex else []) + ([f"avg@{n}"] + [f"pass@{k}" for k in ks] if ks else [])
+    width = max([len("condition")] + [len(c) for c in summary]) + 2
+    lines = [title, f"{'condition':<{width}}" + "".join(f"{c:>10}" for c in cols) + f"{'problems':>10}"]
+    fmt = lambda v: f"{v + 0.0:>10.3f}" if v is not None else f"{'-':>10}"  # noqa: E731  (+ 0.0: no -0.000)
+    for name, r in summary.items():
+        vals = [r["greedy_accuracy"]] + ([r.get("greedy_accuracy_flexible")] if flex else []) \
+            + ([r["avg_at_n"]] + [r["pass_at_k"][str(k)] for k in ks] if ks else [])
+        lines.append(f"{name:<{width}}" + "".join(fmt(v) for v in vals) + f"{r['n_problems']:>10d}")
+    if flex:
+        lines.append("greedy, avg, pass: strict (answer marker required, the training reward); "
+                     "flexible: greedy, marked answer or else the last number")
+    return "\n".join(lines)
+
+
+def _problem_rows(problems, names, conds, greedy: PassResult, sampled: PassResult | None) -> list[dict]:
+    rows = []
+    for a, name in enumerate(names):
+        for i, p in enumerate(problems):
+            row = {"problem_id": p.id, "condition": name, "adapter": None if conds[name] is None else str(conds[name]),
+                   "reference": p.answer, "greedy_correct": bool(greedy.correct[a, i, 0]),
+                   "greedy_status": greedy.status[a, i, 0], "greedy_extracted": greedy.extracted[a, i, 0],
+                   "greedy_tokens": int(greedy.n_tokens[a, i, 0])}
+            if greedy.flexible_correct is not None:
+                row.update(greedy_flexible_correct=bool(greedy.flexible_correct[a, i, 0]),
+                           greedy_flexible_extracted=greedy.flexible_extracted[a, i, 0])
+            if sampled is not None:
+                ok = sampled.scored[a, i]
+                row.update(n=int(ok.sum()), n_correct=int((sampled.correct[a, i] & ok).sum()),
+                           n_error=int((~ok).sum()), extracted=list(sampled.extracted[a, i]),
+                           statuses=list(sampled.status[a, i]), mean_tokens=float(sampled.n_tokens[a, i].mean()))
+                if sampled.flexible_correct is not None:
+                    row.update(n_correct_flexible=int((sampled.flexible_correct[a, i] & ok).sum()))
+            else:
+                row.update(n=0, n_correct=0, n_error=0, extracted=[], statuses=[], mean_tokens=None)
+            rows.append(row)
+    return rows
+
+
+def _sample_rows(problems, names, passes: dict[str, PassResult]) -> list[dict]:
+    rows = []
+    for kind, res in passes.items():
+        A, N, G = res.status.shape
+        for a in range(A):
+            for i in range(N):
+                for g in range(G):
+                    rows.append({"problem_id": problems[i].id, "condition": names[a], "pass": kind, "sample": g,
+                                 "completion": res.texts[a, i, g], "extracted_answer": res.extracted[a, i, g],
+                                 "status": res.status[a, i, g], "n_tokens": int(res.n_tokens[a, i, g])})
+    return rows
+
+
+# --- the command -------------------------------------------------------------------------------
+
+def build_backend(cfg, model_path: str, n_adapters: int, rank: int):
+    """One local vLLM engine sized for ``n_adapters`` adapters of rank <= ``rank`` (LoRA off when 0)."""
+    from engine.backends.vllm_local import VLLMBackend, backend_kwargs
+    from engine.hardware import resolve_dtype
+
+    return VLLMBackend(model_path, **backend_kwargs(
+        cfg.engine, max_lora_rank=rank, max_loras=max(1, n_adapters), max_model_len=cfg.model.max_model_len,
+        dtype=resolve_dtype(cfg.model.dtype)[0], seed=cfg.seed, enable_lora=n_adapters > 0))
+
+
+def serving_rank(cfg, adapter_paths: list[Path]) -> int:
+    """The engine's max_lora_rank: ``lora_rank``, else the largest rank among the adapters (whose configs
+    are checked on the way, :func:`engine.lora.checks.adapter_rank`).
+
+    Raises:
+        ConfigError: ``lora_rank`` below an adapter's rank. ValueError: an adapter vLLM cannot serve.
+    """
+    needed = max([adapter_rank(p) for p in adapter_paths], default=8)
+    if cfg.lora_rank and cfg.lora_rank < needed:
+        raise ConfigError(f"lora_rank={cfg.lora_rank} is below the largest adapter rank {needed} (r or rank_pattern); "
+                          f"set lora_rank=null or lora_rank>={needed}")
+    return cfg.lora_rank or needed
+
+
+def decode_passes(cfg, backend, problems, refs, reward_fn, flexible_fn) -> tuple[PassResult, PassResult | None]:
+    """The greedy pass and, when ``n > 1``, the sampled pass (n samples per problem at ``temperature``)."""
+    prompts = [build_prompt(backend.tokenizer, p.question, cfg.task.system_prompt) for p in problems]
+    greedy = run_pass(backend, reward_fn, prompts, problems, refs,
+                      Sampling(max_tokens=cfg.max_tokens, temperature=0.0, n=1, seed=cfg.seed), "greedy reward",
+                      flexible_fn=flexible_fn)
+    if cfg.n == 1:
+        return greedy, None
+    sampled = run_pass(backend, reward_fn, prompts, problems, refs,
+                       Sampling(max_tokens=cfg.max_tokens, temperature=cfg.temperature, top_p=cfg.top_p, n=cfg.n,
+                                seed=cfg.seed), "sampled reward", flexible_fn=flexible_fn)
+    return greedy, sampled
+
+
+def eval_summary(cfg, ks, conds, problems, greedy, sampled, model_path, wall: float) -> dict:
+    """The eval_summary.json dict: settings, per-condition metrics (:func:`summarise`), time and tokens."""
+    tokens = int(greedy.n_tokens.sum() + (sampled.n_tokens.sum() if sampled is not None else 0))
+    gen_s = greedy.generate_s + (sampled.generate_s if sampled is not None else 0.0)
+    return {
+        "label": cfg.label or f"{Path(str(cfg.model.path)).name} on {cfg.task.name}/{cfg.split}",
+        "task": cfg.task.name, "split": cfg.split, "model": cfg.model.path, "model_path": model_path,
+        "n_problems": len(problems), "n": cfg.n, "temperature": cfg.temperature if cfg.n > 1 else 0.0,
+        "top_p": cfg.top_p, "ks": ks, "max_tokens": cfg.max_tokens, "seed": cfg.seed,
+        "adapters": {k: (None if v is None else str(v)) for k, v in conds.items()},
+        "conditions": summarise(greedy, sampled, ks, list(conds)), "wall_s": wall, "tokens": tokens,
+        "tokens_per_s": tokens / max(gen_s, 1e-9),
+        "estimator": "pass@k = 1 - C(n-c, k) / C(n, k) (Chen et al. 2021, Eq. 1), mean over problems",
+    }
+
+
+def write_outputs(cfg, out_dir: Path, summary: dict, conds, problems, greedy, sampled) -> None:
+    """eval_problems.parquet, eval_samples.parquet (``save_completions``), eval_summary.json; the table."""
+    names = list(conds)
+    io.write_parquet(out_dir / "eval_problems.parquet", _problem_rows(problems, names, conds, greedy, sampled))
+    if cfg.save_completions:
+        passes = {"greedy": greedy, **({"sampled": sampled} if sampled is not None else {})}
+        io.write_parquet(out_dir / "eval_samples.parquet", _sample_rows(problems, names, passes))
+    io.write_json(out_dir / "eval_summary.json", summary)
+    title = (f"\n{cfg.task.name}/{cfg.split}: {len(problems)} problems, greedy"
+             + (f" + {cfg.n} samples at T={cfg.temperature}" if cfg.n > 1 else "")
+             + f", {cfg.max_tokens} max tokens, {summary['wall_s']:.0f} s")
+    print(format_table(summary["conditions"], cfg.n, summary["ks"], title))
+    print(f"results: {out_dir / 'eval_summary.json'}, {out_dir / 'eval_problems.parquet'}")
+
+
+def run_eval(cfg, out_dir: str | Path, backend=None, reward_fn=None, flexible_fn=None) -> dict:
+    """Evaluate every condition on the split and write the outputs (module docstring).
+
+    Args:
+        cfg: composed :class:`engine.commands.eval_config.EvalConfig`.
+        out_dir: output directory (created).
+        backend: a ready back-end (tests); None = a local vLLM engine built from cfg and closed at the end.
+        reward_fn: None = ``rewards.MathReward`` from ``cfg.reward`` (the strict accuracy).
+        flexible_fn: None = the same with ``lenient=True`` (the flexible accuracy).
+
+    Returns:
+        The eval_summary.json dict.
+
+    Raises:
+        ConfigError / FileNotFoundError / ValueError: bad configuration or paths (one-line messages).
+    """
+    from engine.evaluation.build import math_reward
+
+    ks = validate(cfg)
+    conds = resolve_conditions(cfg.adapters, cfg.include_base)
+    problems = select_problems(cfg)
+    if not problems:
+        raise ValueError(f"split={cfg.split}: no problems to evaluate; check task and limit")
+    adapter_paths = [p for p in conds.values() if p is not None]
+    rank = serving_rank(cfg, adapter_paths)
+    refs = [None if p is None else AdapterRef(f"eval-{i}", lora_int_id(-1, i), str(p)) for i, p in enumerate(conds.values())]
+    log.info("eval on %s/%s: %d problems x %d conditions (%s), greedy%s", cfg.task.name, cfg.split, len(problems),
+             len(conds), ", ".join(conds), f" + {cfg.n} samples at T={cfg.temperature}" if cfg.n > 1 else " only")
+    reward_fn = reward_fn or math_reward(cfg.reward)
+    flexible_fn = flexible_fn or math_reward(cfg.reward, lenient=True, format_weight=0.0)
+    t_start, model_path, own = time.perf_counter(), None, backend is None
+    if own:
+        for p in adapter_paths:  # vLLM would fail on these only after the engine started
+            check_adapter_weights(p)
+        from engine.model import resolve_model_path
+        model_path = resolve_model_path(cfg.model.path, cfg.model.quantization)  # quantized copy when set
+        backend = build_backend(cfg, model_path, len(adapter_paths), rank)
+    try:
+        greedy, sampled = decode_passes(cfg, backend, problems, refs, reward_fn, flexible_fn)
+    finally:
+        if own:
+            backend.close()
+    summary = eval_summary(cfg, ks, conds, problems, greedy, sampled, model_path, time.perf_counter() - t_start)
+    write_outputs(cfg, Path(out_dir), summary, conds, problems, greedy, sampled)
+    return summary
+
+
+def run(cfg, run_dir) -> None:
+    """``essa eval``'s command function: outputs go to ``cfg.output_dir`` or Hydra's run dir."""
+    run_eval(cfg, Path(cfg.output_dir) if cfg.output_dir else Path(run_dir))

@@ -1,0 +1,92 @@
+"""``essa eval``'s schema (conf/eval.yaml) and its checks. Light: no torch, no vLLM."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from engine.config import ConfigError, EngineConfig, ModelConfig, RewardConfig, TaskConfig, check_sampling
+from engine.results.passk import check_ks, default_ks
+
+
+@dataclass
+class EvalConfig:
+    """``essa eval`` (conf/eval.yaml).
+
+    adapters: adapter directories and/or run directories (a run dir gives ``adapters/mean`` and
+      ``adapters/best``); a single path, a list, or ``none``/``null``/``[]`` for the base model only.
+    include_base: also evaluate the base model without an adapter (condition ``no_adapter``).
+    split: ``val`` (the task's held-out rows, ``task.val_size`` of them) or ``train``.
+    limit: at most this many problems of the split (0 = all).
+    n: samples per problem at ``temperature`` (1 = greedy only; F-GRPO uses 256).
+    temperature, top_p: decoding of the sampled pass (the greedy pass always uses temperature 0).
+    ks: pass@k for these k, each in [1, n]; null = 1, 2, 4, ... up to n, plus n.
+    max_tokens: new tokens per completion.
+    seed: sampling seed (request i of a pass uses seed + i).
+    lora_rank: the engine's max_lora_rank; null = the largest rank among the adapters (``r`` and
+      ``rank_pattern`` of their adapter_config.json, :func:`adapter_rank`).
+    output_dir: where results go; null = Hydra's run directory.
+    save_completions: also write ``eval_samples.parquet`` (one row per completion; large for big n).
+    label: name shown in reports; null = model and task.
+    """
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    adapters: Any = field(default_factory=list)
+    include_base: bool = True
+    split: str = "val"
+    limit: int = 0
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    ks: Optional[List[int]] = None
+    max_tokens: int = 256
+    seed: int = 0
+    lora_rank: Optional[int] = None
+    output_dir: Optional[str] = None
+    save_completions: bool = False
+    label: Optional[str] = None
+
+
+# The adapters a run directory exports: essa train (mean genome, best candidate), essa grpo (final policy).
+RUN_ADAPTERS = ("mean", "best", "final")
+
+
+SCHEMA = EvalConfig
+
+
+def register() -> None:
+    """Register ``eval_schema`` (the defaults-list head of conf/eval.yaml) with Hydra's ConfigStore."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="eval_schema", node=EvalConfig)
+
+
+def validate(cfg) -> list[int]:
+    """Cross-field checks of an EvalConfig; returns the pass@k list (empty when n == 1).
+
+    Raises:
+        ConfigError: one line naming the field and the fix.
+    """
+    if cfg.split not in ("val", "train"):
+        raise ConfigError(f"split={cfg.split!r}: use val or train")
+    if cfg.n < 1:
+        raise ConfigError(f"n={cfg.n}: need at least one sample per problem (1 = greedy only)")
+    check_sampling("", cfg.temperature, cfg.top_p)
+    if cfg.n > 1 and cfg.temperature <= 0:
+        raise ConfigError(f"temperature={cfg.temperature} with n={cfg.n} gives n identical samples; "
+                          f"set temperature=1.0 or n=1")
+    if cfg.limit < 0 or cfg.max_tokens < 1:
+        raise ConfigError("limit must be >= 0 and max_tokens >= 1")
+    if cfg.engine.backend != "local":
+        raise ConfigError(f"engine.backend={cfg.engine.backend!r}: essa eval runs one local vLLM engine; "
+                          f"use engine=local")
+    if cfg.n == 1:
+        if cfg.ks:
+            raise ConfigError(f"ks={list(cfg.ks)} needs n >= max(ks) samples; set n (e.g. n={max(cfg.ks)})")
+        return []
+    try:
+        return check_ks(list(cfg.ks), cfg.n) if cfg.ks else default_ks(cfg.n)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None

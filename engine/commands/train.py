@@ -1,0 +1,434 @@
+"""``essa train``: the ESSA run loop. Warm start, then ask -> evaluate -> tell, with logs, checkpoints, exports.
+
+ESSA (arXiv 2507.04453) Algorithm 1:
+  1. SFT warm start of a LoRA adapter (engine/lora/sft.py);
+  2. SVD of each LoRA factor; the genome is the offsets of the top singular values (strategies/genomes.py);
+  3. each generation: the strategy asks for P candidates, all are evaluated on one fresh minibatch of N
+     prompts in one multi-LoRA vLLM batch (engine/evaluation/population.py), fitness = mean reward, tell.
+
+:func:`run_train` reads as the list of its phases: check, open or resume the run, fail fast, problems,
+warm start, build the search, build the evaluator, baselines, evolve, finish. Each phase is a
+function of :class:`TrainRun`, the state they share. Everything random derives from (seed,
+generation) or lives in the strategy state, so a resumed run replays nothing and skips nothing
+(STYLE.md rule 11; the checkpoint: engine/commands/train_checkpoint.py).
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from engine import interrupts, io
+from engine.backends import AdapterRef, lora_int_id, sft_adapter_ref
+from engine.commands.train_checkpoint import (CHECKPOINT, RunState, open_checkpoint, restore_strategy,
+                                              write_checkpoint)
+from engine.commands.train_config import validate
+from engine.commands.train_schedule import deadline_allows, generation_sampling, periodic_validation_due
+from engine.results.run_files import ValidationLog, final_summary, run_metadata, truncate_run_logs
+from engine.tasks import Task, minibatch
+
+log = logging.getLogger("essa")
+
+
+@dataclass
+class TrainRun:
+    """What the phases of one ``essa train`` run share (filled in phase order)."""
+
+    cfg: object
+    run_dir: Path
+    t_command: float  # perf_counter at the command's start: deadline_s counts from here
+    state: RunState = field(default_factory=RunState)
+    ckpt: dict | None = None
+    model_path: str = ""
+    serve_path: str = ""
+    dtype: tuple[str, str] = ("", "")  # vLLM's dtype and why
+    task: Task | None = None
+    sft_dir: Path | None = None
+    t_start: float = 0.0  # perf_counter at the run clock's zero (the end of the warm start)
+    codec: object = None
+    strategy: object = None
+    evaluator: object = None
+    validation: ValidationLog | None = None
+    metrics: list = field(default_factory=list)
+    stopped_by: str = "generations"
+    slowest_s: float = 0.0  # this invocation's slowest generation (s), for deadline_s
+
+    def clock(self) -> float:
+        """Seconds on the run clock (``wall_s``): from the end of the SFT warm start, resumed runs included."""
+        return time.perf_counter() - self.t_start
+
+    @property
+    def P(self) -> int:
+        return self.cfg.strategy.population_size
+
+
+@dataclass
+class _Progress:
+    """What an interrupted run reports: its directory, the generation of the checkpoint on disk
+    (-1: none yet) and the evaluator to close."""
+
+    run_dir: Path | None = None
+    checkpoint_generation: int = -1
+    evaluator: object = None
+
+
+def run(cfg, run_dir) -> float | None:
+    """``essa train``'s command function: :func:`run_train`; returns the final mean genome's held-out
+    accuracy (what a Hydra sweeper maximises), None when there was no final validation.
+
+    Raises:
+        ConfigError: ``strategy.name=`` / ``strategy._target_=`` picked a class that rejects the options
+            of the ``strategy=`` group option under it (one line naming the override that fixes it).
+    """
+    from hydra.core.hydra_config import HydraConfig
+
+    from engine.search.plugins import check_strategy_choice
+
+    check_strategy_choice(cfg.strategy, cfg.seed, HydraConfig.get().runtime.choices.get("strategy"))
+    return run_train(cfg, run_dir)["val"].get("mean")
+
+
+def run_train(cfg, run_dir: str | Path) -> dict:
+    """Run (or resume) one ESSA training job; returns the final accuracy table.
+
+    Args:
+        cfg: composed ``engine.commands.train_config.TrainConfig``.
+        run_dir: Hydra's run directory (ignored when ``cfg.resume`` names another run dir).
+
+    Returns:
+        ``{"val": {condition: accuracy}, "val_ci95", "paired_vs_sft", "n_problems": int, "run_dir": str}``.
+
+    Raises:
+        ConfigError / ValueError / FileNotFoundError: bad configuration or input (one-line messages).
+        KeyboardInterrupt: Ctrl-C (SIGINT), also when another exception follows it (vLLM's
+            ``EngineDeadError`` once the signal reached the engine's own process,
+            :mod:`engine.interrupts`). The checkpoint of the last finished generation, written
+            right after it, is left as it is (the strategy may already have asked for the next
+            generation); one line on stderr says how to resume, or that nothing can be resumed.
+    """
+    progress = _Progress()
+    try:
+        return _run_train(cfg, run_dir, progress)
+    except BaseException as exc:
+        if not isinstance(exc, KeyboardInterrupt) and not interrupts.requested():
+            raise
+        _report_interrupt(progress, exc)
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise KeyboardInterrupt(f"interrupted ({type(exc).__name__} after Ctrl-C)") from exc
+
+
+def _run_train(cfg, run_dir: str | Path, progress: _Progress) -> dict:
+    """:func:`run_train`'s phases; records in ``progress`` what an interrupt message needs."""
+    run = TrainRun(cfg, Path(run_dir), time.perf_counter())
+    validate(cfg)
+    open_run(run, progress)
+    strategy_cls = fail_fast(run)
+    load_problems(run)
+    warm_start_phase(run)
+    build_search_phase(run, strategy_cls)
+    build_evaluator_phase(run, progress)
+    baselines(run, progress)
+    evolve(run, progress)
+    return finish(run)
+
+
+def open_run(run: TrainRun, progress: _Progress) -> None:
+    """A new run in Hydra's directory, or the checkpointed run ``resume`` names (checked: see
+    :func:`engine.commands.train_checkpoint.open_checkpoint`)."""
+    if run.cfg.resume:
+        run.run_dir, run.ckpt, run.state = open_checkpoint(run.cfg)
+    progress.run_dir = run.run_dir
+    progress.checkpoint_generation = run.state.generation  # -1 in a new run
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def fail_fast(run: TrainRun):
+    """Everything that can be refused before the warm start: the strategy class and its options, the
+    model path, the dtypes, the quantized copy vLLM serves. Returns the strategy class."""
+    from engine.hardware import resolve_dtype
+    from engine.model import resolve_model_path, serving_model_path
+    from engine.search import check_strategy_options, strategy_class
+
+    cfg = run.cfg
+    strategy_cls = strategy_class(cfg.strategy)
+    check_strategy_options(strategy_cls, cfg.strategy, cfg.seed)
+    run.model_path = resolve_model_path(cfg.model.path)
+    run.dtype = resolve_dtype(cfg.model.dtype)  # vLLM's; logs one line
+    # vLLM serves the population on this checkpoint: the float model, or its quantized copy
+    # (model.quantization, built once and checked here); SFT and adapters stay float
+    run.serve_path = serving_model_path(run.model_path, cfg.model.quantization)
+    return strategy_cls
+
+
+def load_problems(run: TrainRun) -> None:
+    """The task's train and held-out problems (engine/tasks.py)."""
+    from engine.tasks import load_task
+
+    run.task = load_task(run.cfg.task)
+    if run.task.skipped:
+        log.warning("task %s: skipped rows without a usable answer: %s", run.task.name, run.task.skipped)
+    log.info("task %s: %d train / %d val problems", run.task.name, len(run.task.train), len(run.task.val))
+
+
+def warm_start_phase(run: TrainRun) -> None:
+    """The SFT warm start (cached), then the run clock starts: ``wall_s`` counts from the end of the
+    warm start that ESSA, GRPO and F-GRPO share (engine/commands/grpo.py starts its clock there too)
+    and includes building the search, vLLM start-up, the baselines, every generation and validation."""
+    from engine.hardware import resolve_dtype
+    from engine.lora.sft import warm_start
+
+    cfg = run.cfg
+    sft_dtype, _ = resolve_dtype(cfg.model.dtype, purpose="training", log_choice=False)
+    run.sft_dir = warm_start(run.model_path, run.task.train, cfg.sft, cfg.lora, cfg.task.system_prompt,
+                             dtype=sft_dtype)
+    run.t_start = time.perf_counter() - run.state.wall_s
+
+
+def build_search_phase(run: TrainRun, strategy_cls) -> None:
+    """The genome codec over the warm start and the strategy (restored from the checkpoint when
+    resuming, whose later log rows are then dropped); a new run writes run.json."""
+    from engine.hardware import dtype_record
+    from engine.lora.files import read_adapter
+    from engine.search import build_search, method_name
+
+    cfg = run.cfg
+    lora, _ = read_adapter(run.sft_dir)
+    run.codec, run.strategy = build_search(cfg.strategy, lora, cfg.seed, strategy_cls)
+    if run.ckpt is not None:
+        restore_strategy(run.strategy, run.ckpt, run.run_dir)
+        truncate_run_logs(run.run_dir, run.state.generation)  # only once the whole checkpoint has loaded
+    log.info("genome %s: D = %d; strategy %s, P = %d", cfg.strategy.genome.kind, run.codec.dim,
+             strategy_cls.__name__, run.P)
+    if run.ckpt is None:
+        from omegaconf import OmegaConf
+        meta = run_metadata(method_name(cfg.strategy), cfg.label, cfg.model.path, run.model_path, cfg.task.name,
+                            cfg.seed, run.sft_dir, OmegaConf.to_container(cfg, resolve=True),
+                            strategy=cfg.strategy.name, population_size=run.P, genome_dim=run.codec.dim,
+                            dtype=dtype_record(cfg.model.dtype, *run.dtype),
+                            quantization={"quantization": cfg.model.quantization, "serve_path": run.serve_path})
+        io.write_json(run.run_dir / "run.json", meta)
+
+
+def build_evaluator_phase(run: TrainRun, progress: _Progress) -> None:
+    """The population evaluator (``engine.backend``: local vLLM or Ray actors) and the run's logs."""
+    from transformers import AutoTokenizer
+
+    from engine.evaluation.build import build_evaluator, math_reward
+    from engine.lora.files import AdapterMeta
+    from engine.search import method_name
+
+    cfg = run.cfg
+    tokenizer = AutoTokenizer.from_pretrained(run.model_path)
+    meta = AdapterMeta(cfg.lora.rank, cfg.lora.alpha, tuple(cfg.lora.target_modules), run.model_path)
+    run.evaluator = progress.evaluator = build_evaluator(
+        cfg.engine, cfg.model, run.serve_path, run.codec, meta, tokenizer, math_reward(cfg.reward),
+        cfg.task.system_prompt, cfg.seed, adapters_per_batch=run.P + 2)
+    run.metrics = io.read_rows(run.run_dir / "metrics.parquet")
+    run.validation = ValidationLog(run.run_dir, method_name(cfg.strategy), run.task.val, run.clock)
+
+
+def validate_held_out(run: TrainRun, step: int, conditions: dict[str, AdapterRef | None]) -> None:
+    """Score ``conditions`` on the held-out problems in one engine call and log them at ``step``."""
+    from engine.evaluation.validation import held_out_rewards
+
+    rewards = held_out_rewards(run.evaluator, conditions, run.task.val, run.cfg.eval.max_tokens, run.cfg.seed)
+    run.validation.add(step, rewards)
+
+
+def mean_ref(run: TrainRun, g: int) -> AdapterRef:
+    """The strategy's mean genome written as an adapter for validation after generation ``g`` (index
+    P is the centre evaluated in generation g: the mean uses P + 1)."""
+    return run.evaluator.write_candidates(run.strategy.mean[None, :], generation=g, first_candidate=run.P + 1)[0]
+
+
+def save_checkpoint(run: TrainRun, progress: _Progress) -> None:
+    """The checkpoint of the last finished generation, with the run clock as it stands."""
+    run.state.wall_s = run.clock()
+    write_checkpoint(run.run_dir, run.cfg, run.state, run.strategy)
+    progress.checkpoint_generation = run.state.generation
+
+
+def baselines(run: TrainRun, progress: _Progress) -> None:
+    """Step 0 of a new run: no adapter and the SFT warm start (``eval.baselines``). A resumed run whose
+    periodic validation after its checkpointed generation was interrupted redoes it first."""
+    cfg, state = run.cfg, run.state
+    if run.ckpt is None and cfg.eval.baselines:
+        validate_held_out(run, 0, {"no_adapter": None, "sft": sft_adapter_ref(run.sft_dir)})
+    if (run.ckpt is not None and periodic_validation_due(state.generation, cfg, state.wall_s)
+            and not run.validation.has_step(state.generation + 1)):
+        log.info("resume: validation step %d was interrupted; running it again", state.generation + 1)
+        validate_held_out(run, state.generation + 1, {"mean": mean_ref(run, state.generation)})
+        run.evaluator.release(state.generation)
+        save_checkpoint(run, progress)
+
+
+def evolve(run: TrainRun, progress: _Progress) -> None:
+    """The generations still to run: each is evaluated, told, logged and checkpointed, then the
+    deadline, the periodic validation and the time budget are decided (in that order)."""
+    cfg = run.cfg
+    for g in range(run.state.generation + 1, cfg.generations):
+        t0 = time.perf_counter()
+        result, row = generation(run, g)
+        save_checkpoint(run, progress)  # right after the generation's logs: an interrupted validation loses nothing
+        run.slowest_s = max(run.slowest_s, time.perf_counter() - t0)
+        # decided on the checkpoint's clock, so a resume can tell whether the validation below was due
+        over = cfg.time_budget_s is not None and run.state.wall_s >= cfg.time_budget_s
+        if _deadline_stops(run, g, result, row):  # the final validation covers this step: no periodic one first
+            break
+        if periodic_validation_due(g, cfg, run.state.wall_s):
+            validate_held_out(run, g + 1, {"mean": mean_ref(run, g)})
+            run.evaluator.release(g)
+            save_checkpoint(run, progress)  # again, so the clock includes the validation
+        if over:
+            run.stopped_by = "time_budget_s"
+            log.info("time budget %.0f s reached after generation %d (%.1f s)", cfg.time_budget_s, g, run.clock())
+            break
+
+
+def generation(run: TrainRun, g: int):
+    """One generation: ask P candidates, evaluate them (and the centre) on the generation's minibatch in
+    one batch, tell the fitness, log metrics and rollouts. Returns (EvalResult, metrics row)."""
+    from engine.evaluation.population import question_z_fitness
+
+    cfg, P, strategy = run.cfg, run.P, run.strategy
+    t0 = time.perf_counter()
+    genomes = strategy.ask()  # (P, D)
+    t_ask = time.perf_counter() - t0
+    batch = minibatch(run.task.train, cfg.rollout.prompts_per_generation, cfg.seed, g)
+    # the centre (the mean genome, index P) shares the prompts and sampling seeds: a paired control
+    evaluated = np.vstack([genomes, strategy.mean[None, :]]) if cfg.rollout.center else genomes
+    result = run.evaluator.evaluate(evaluated, batch, g, generation_sampling(cfg.rollout, cfg.seed, g))
+    fit = result.fitness[:P]  # (P,) mean reward of each candidate
+    t1 = time.perf_counter()
+    if np.isfinite(fit).any():
+        shaped = fit if cfg.rollout.aggregate == "mean" else question_z_fitness(result.rewards[:P])
+        strategy.tell(genomes, shaped)
+        _keep_best(run.state, genomes, fit, g)
+    else:  # nothing scorable: an update would be meaningless; the next ask re-samples
+        log.warning("gen %d: no candidate could be scored (all fitness NaN); strategy not updated", g)
+    t_tell = time.perf_counter() - t1
+    result.rollouts["center"] = [c == P for c in result.rollouts["candidate"]]
+    io.write_parquet(run.run_dir / "rollouts" / f"gen_{g:06d}.parquet", result.rollouts)
+    row = generation_row(g, run.clock(), result, P, strategy.sigma, t_ask, t_tell)
+    run.metrics.append(row)
+    io.write_parquet(run.run_dir / "metrics.parquet", run.metrics)
+    log.info("gen %d (%d of %d)  fitness mean %.3f max %.3f centre %.3f  split-half rho %.2f  sigma %.4f  "
+             "%d tok  %.0f tok/s  %.1fs", g, g + 1, cfg.generations, row["fitness_mean"], row["fitness_max"],
+             row["fitness_center"], row["split_half_rho"], row["sigma"], row["tokens"], row["tokens_per_s"],
+             row["t_generate"])
+    run.state.generation = g
+    return result, row
+
+
+def _keep_best(state: RunState, genomes: np.ndarray, fit: np.ndarray, g: int) -> None:
+    """Remember the candidate with the highest minibatch fitness seen (a noisy pick: ``adapters/best``)."""
+    if np.nanmax(fit) > state.best_fitness:
+        k = int(np.nanargmax(fit))
+        state.best_fitness, state.best_genome, state.best_generation = float(fit[k]), genomes[k].copy(), g
+
+
+def _deadline_stops(run: TrainRun, g: int, result, row: dict) -> bool:
+    """Whether ``deadline_s`` stops the run after generation ``g`` (:func:`deadline_allows`); logs why."""
+    cfg = run.cfg
+    elapsed = time.perf_counter() - run.t_command
+    per_completion = result.tokens / max(len(result.rollouts["candidate"]), 1)
+    if g + 1 >= cfg.generations or deadline_allows(cfg, g + 1, elapsed, run.slowest_s, per_completion,
+                                                   row["tokens_per_s"], len(run.task.val)):
+        return False
+    run.stopped_by = "deadline_s"
+    log.info("deadline_s %.0f: stopping after gen %d (%d of %d) (%.0f s elapsed; a generation takes %.0f s, then "
+             "the final validation); resume=%s deadline_s=null runs the rest", cfg.deadline_s, g, g + 1,
+             cfg.generations, elapsed, run.slowest_s, run.run_dir)
+    return True
+
+
+def generation_row(g: int, wall_s: float, result, P: int, sigma: float, t_ask: float, t_tell: float) -> dict:
+    """One metrics.parquet row: fitness of the P candidates, the centre (index P, when evaluated),
+    the signal diagnostics of engine/results/stats.py, tokens and seconds per phase."""
+    from engine.results.stats import prompts_disagreeing, split_half_rank_correlation, variance_ratio
+
+    fit, rewards = result.fitness[:P], result.rewards[:P]
+    ok = np.isfinite(fit).any()
+    tm = result.timings
+    stat = (lambda f: float(f(fit))) if ok else (lambda f: float("nan"))
+    row = {"generation": g, "wall_s": wall_s, "fitness_mean": stat(np.nanmean), "fitness_max": stat(np.nanmax),
+           "fitness_min": stat(np.nanmin), "fitness_std": stat(np.nanstd),
+           "fitness_center": float(result.fitness[P]) if len(result.fitness) > P else float("nan"),
+           "split_half_rho": split_half_rank_correlation(rewards), "variance_ratio": variance_ratio(rewards),
+           "prompts_disagreeing": prompts_disagreeing(rewards),
+           "n_failed": int((~np.isfinite(fit)).sum()), "sigma": float(sigma),
+           "tokens": result.tokens, "tokens_per_s": result.tokens / max(tm.get("generate", 0.0), 1e-9),
+           "t_ask": t_ask, "t_decode": tm.get("decode", 0.0), "t_write": tm.get("write", 0.0),
+           "t_generate": tm.get("generate", 0.0), "t_reward": tm.get("reward", 0.0), "t_tell": t_tell}
+    row.update({f"t_{k}": v for k, v in tm.items() if f"t_{k}" not in row})
+    return row
+
+
+def finish(run: TrainRun) -> dict:
+    """Export the mean and best genomes (PEFT), validate them beside the SFT warm start in one final
+    engine call, print the table, write summary.json and the report."""
+    cfg, state = run.cfg, run.state
+    final_step = state.generation + 1  # = generations, or fewer when a budget stopped the run
+    conds = _export_adapters(run, final_step)
+    if final_step > 0:
+        validate_held_out(run, final_step, conds)
+    run.evaluator.close()
+    same_call = cfg.eval.baselines and final_step > 0
+    summary = final_summary(run.run_dir, run.validation.summary(), run.task.name,
+                            "re-scored in the final engine call, beside the exports" if same_call else "",
+                            n_problems=len(run.task.val), generations=final_step, stopped_by=run.stopped_by,
+                            wall_s=run.clock())
+    if run.stopped_by != "generations":
+        print(f"stopped by {run.stopped_by} after {final_step} of {cfg.generations} generations")
+    if cfg.report:
+        from engine.results.report import make_report
+        make_report([run.run_dir], run.run_dir / "report")
+    return {"val": summary["val"], "val_ci95": summary["val_ci95"], "paired_vs_sft": summary["paired_vs_sft"],
+            "n_problems": summary["n_problems"], "run_dir": str(run.run_dir)}
+
+
+def _export_adapters(run: TrainRun, final_step: int) -> dict[str, AdapterRef | None]:
+    """Write ``adapters/mean`` and ``adapters/best`` (PEFT) and return the final call's conditions: the
+    SFT warm start first (``eval.baselines``: bf16 greedy decoding drifts by up to ~1.6 points between
+    engine calls, which would bias the paired test against step 0), then the exports."""
+    from engine.lora.files import write_adapter
+
+    cfg = run.cfg
+    conds: dict[str, AdapterRef | None] = {"sft": sft_adapter_ref(run.sft_dir)} if cfg.eval.baselines else {}
+    exports = {"mean": run.strategy.mean}
+    if run.state.best_genome is not None:
+        exports["best"] = run.state.best_genome
+    for name, genome in exports.items():
+        path = write_adapter(run.run_dir / "adapters" / name, run.codec.decode(genome), cfg.lora.rank,
+                             cfg.lora.alpha, run.model_path, tuple(cfg.lora.target_modules))
+        conds[name] = AdapterRef(f"final-{name}", lora_int_id(final_step, run.P + len(conds)), str(path))
+    return conds
+
+
+def _report_interrupt(progress: _Progress, exc: BaseException) -> None:
+    """Close the evaluator and its engine, then print the interrupted run's one line on stderr (resume
+    hint, or nothing to resume): last, after whatever vLLM's engine processes print as they stop."""
+    ev = progress.evaluator
+    if ev is not None:
+        for close in (getattr(getattr(ev, "backend", None), "close", None), ev.close):
+            if close is None:
+                continue
+            try:
+                close()
+            except BaseException as e:  # noqa: BLE001 - a dead engine, or a second Ctrl-C: we are exiting anyway
+                log.warning("closing the evaluator after the interrupt failed: %s: %s", type(e).__name__, e)
+    after = "" if isinstance(exc, KeyboardInterrupt) else f" ({type(exc).__name__} after Ctrl-C)"
+    if progress.run_dir is None:
+        print(f"\ninterrupted{after} before the run started", file=sys.stderr)
+    elif progress.checkpoint_generation >= 0:
+        print(f"\ninterrupted{after}: checkpoint of generation {progress.checkpoint_generation} in "
+              f"{progress.run_dir / CHECKPOINT}; continue with: essa train resume={progress.run_dir} "
+              "<same overrides>", file=sys.stderr)
+    else:
+        print(f"\ninterrupted{after} before the first generation finished: nothing to resume (no checkpoint in "
+              f"{progress.run_dir}); start the run again (a finished SFT warm start is cached)", file=sys.stderr)
