@@ -9,7 +9,12 @@ A strategy is found by :func:`get_strategy` in this order:
 
 Built-ins: ``cma_es`` (pycma CMA-ES, full covariance up to D = 2000), ``essa`` (the same
 class: ESSA, arXiv 2507.04453, is CMA-ES over the SVD-LoRA genome, which is chosen by
-``strategy.genome.kind``), ``sep_cma`` (separable/diagonal CMA-ES).
+``strategy.genome.kind``), ``sep_cma`` (separable/diagonal CMA-ES), ``lra_cma`` (CMA-ES with
+learning-rate adaptation, arXiv 2304.03473, through ``cmaes``; D <= 2000), ``openai_es``
+(OpenAI-ES, arXiv 1703.03864: mirrored sampling, centred ranks, fixed sigma, SGD or Adam).
+
+A plugin author checks a strategy against the contract with :mod:`strategies.testing`
+(``check_strategy(MyStrategy)`` in the plugin's own pytest).
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import importlib.metadata
 
 from strategies.base import Strategy, rank_nan_last
 from strategies.cma_es import CMAES, SepCMAES
+from strategies.lra_cma import LRACMAES
+from strategies.openai_es import OpenAIES
 
 __all__ = ["REGISTRY", "ENTRY_POINT_GROUP", "Strategy", "get_strategy", "plugin_entry_points", "rank_nan_last"]
 
@@ -28,6 +35,8 @@ REGISTRY: dict[str, type[Strategy]] = {
     "cma_es": CMAES,
     "essa": CMAES,
     "sep_cma": SepCMAES,
+    "lra_cma": LRACMAES,
+    "openai_es": OpenAIES,
 }
 
 
@@ -36,7 +45,7 @@ def plugin_entry_points() -> list[importlib.metadata.EntryPoint]:
 
     A plugin class may carry a class attribute ``config``: a dict of the ``strategy`` config
     fields (``population_size``, ``sigma0``, ``options``, ``genome``) that essa's CLI stores as the
-    Hydra group option ``strategy=<entry-point name>`` (engine/plugins.py).
+    Hydra group option ``strategy=<entry-point name>`` (engine/search/plugins.py).
     """
     return sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
 

@@ -18,6 +18,15 @@ Conventions (docs/ARCHITECTURE.md):
 * Changing values live in :meth:`Strategy.state_dict`, which is picklable plain Python/numpy
   and restores the strategy exactly, random state included (resume neither replays nor skips
   randomness).
+* Tied fitness gets tied treatment. With k/N accuracies most candidates tie; a rank-based
+  strategy must give candidates of equal fitness equal weights (mid-ranks: the weights of the
+  ranks a tied group occupies, averaged over the group, :func:`average_over_ties`), so that
+  the update does not depend on where tied candidates happen to sit in the ask order. A
+  library that ranks by argsort gives tied candidates unequal weights by position, which
+  injects noise into every update; the CMA-ES adapters therefore average their libraries'
+  weights over tied ranks for the duration of one tell (``strategy.options.ties``,
+  :mod:`strategies.cma_es`), and OpenAI-ES shapes fitness into averaged centred ranks.
+  Failed candidates (NaN) all tie below every finite one (:func:`rank_nan_last`).
 
 The base class does the bookkeeping once (evosax's design, ``evosax/algorithms/base.py``):
 argument validation, the generation counter, the best-so-far genome, the random generator
@@ -32,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Strategy", "rank_nan_last"]
+__all__ = ["Strategy", "average_over_ties", "rank_nan_last"]
 
 
 def rank_nan_last(fitness: np.ndarray) -> np.ndarray:
@@ -61,6 +70,37 @@ def rank_nan_last(fitness: np.ndarray) -> np.ndarray:
         lo, hi = f[~failed].min(), f[~failed].max()
         f[failed] = lo - 1.0 - (hi - lo)
     return f
+
+
+def average_over_ties(sorted_values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Average per-rank weights over each run of tied values (mid-rank weights).
+
+    A tied group occupies contiguous places of the sorted order; giving each member the mean of
+    the weights of those places is the expectation of the weights under a uniformly random
+    tie-break: the mid-rank convention of rank statistics (Kendall, "Rank Correlation Methods",
+    1948, ch. 3), which Information-Geometric Optimization also uses for its rank-based weights
+    of tied samples (Ollivier, Arnold, Auger, Hansen, JMLR 18(18), 2017, the definition of the
+    IGO algorithm's weights).
+
+    Args:
+        sorted_values: (P,) float values in sorted order (ascending or descending); equal
+            values must be contiguous, as sorting makes them.
+        weights: (P,) float weights, one per sorted place.
+
+    Returns:
+        (P,) float64: every entry of a tied run replaced by the run's mean weight; the sum and
+        the order of the weights are preserved; untied entries are returned unchanged.
+
+    Raises:
+        ValueError: if the two arrays are not 1-D of one length.
+    """
+    values = np.asarray(sorted_values, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64)
+    if values.ndim != 1 or w.shape != values.shape:
+        raise ValueError(f"average_over_ties: values {values.shape} and weights {w.shape} must be (P,) each")
+    starts = np.r_[0, np.flatnonzero(values[1:] != values[:-1]) + 1]  # first place of each run
+    counts = np.diff(np.r_[starts, len(values)])
+    return np.repeat(np.add.reduceat(w, starts) / counts, counts) if len(w) else w.copy()
 
 
 def _is_int(value: object) -> bool:

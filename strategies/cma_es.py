@@ -25,10 +25,41 @@ generator. We hand it :class:`_GeneratorRandn`, a callable bound to the strategy
 ``np.random.Generator`` (``self.rng``, seeded from ``seed``); the base class saves that
 generator's ``bit_generator.state`` and the adapter saves ``es.pickle_dumps()``, so a
 restored strategy samples exactly what the original would have.
+
+Ties (``strategy.options.ties``, default ``"average"``): with k/N accuracies most candidates tie,
+and pycma ranks by ``np.argsort``, so tied candidates got unequal recombination weights by their
+place in the ask order: noise in every update (measured with pycma 4.5.0, D 4, popsize 8, sigma
+0.3, all eight tied at 0.5: the mean moved 0.37 rms, a full selected step sigma sqrt(D / mueff)).
+pycma's ``tell`` applies one sorted weight list ``sp.weights`` (Hansen 2016, arXiv 1604.00772,
+eq. 49-53): ``positive_weights`` (the first ``mu``, summing to 1) to the mean, ``mean = sum_i w_i
+x_i:lambda`` (eq. 41, absolute form), and all of them, negative (active) ones included, to the
+rank-mu covariance update and, when separable, to the diagonal. For one tell the adapter swaps
+in a copy whose weights are averaged over each run of tied ranks (:func:`tie_weights`), then
+puts pycma's own list back, so the checkpointed state is pycma's and resumes exactly.
+
+The boundary between positive and negative weights: a tied group that straddles it (some of its
+ranks < mu, some >= mu) gives each member the group's positive mass divided by its size, and its
+negative weights are dropped. Averaging them in instead would give that group one mixed weight;
+if negative, pycma's absolute-form mean would see positive weights summing below 1 and pull the
+mean toward the origin (all candidates tied: every weight negative, no mean at all); if positive,
+smaller than its share of the mean. With the rule chosen the mean weights still sum to 1 and
+equal the average of pycma's mean update over every order of the tied candidates (a random
+tie-break, Rao-Blackwellised); dropping negative weight only lowers sum |w-|, so pycma's bound
+for a positive-definite C (``finalize_negative_weights``) still holds, and C decays by cmu times
+the dropped mass, as non-active CMA-ES does. Groups wholly on one side get the plain average
+(sums preserved). ``mueff``, and with it every learning rate, stays pycma's; a tie-averaged mean
+step is shorter than the paths expect (variance sum w^2 <= 1 / mueff), so generations full of
+ties shrink sigma a little (all tied: E||dm||^2 falls from sigma^2 D / mueff to sigma^2 D / P).
+No ties: pycma's ``tell`` runs untouched. ``ties="argsort"`` restores pycma's plain behaviour.
+The adapter tells pycma the candidates sorted by value, ties by genome bytes
+(:func:`canonical_order`), so permuting tied candidates changes nothing, to the last bit; with
+TPA step-size adaptation (pycma's default for D >= 300), which reads its mirrored pair from
+places 0 and 1 of the ask order, those two places keep the caller's order.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import pickle
 from typing import Any, Literal
@@ -36,9 +67,10 @@ from typing import Any, Literal
 import cma
 import numpy as np
 
-from strategies.base import Strategy
+from strategies.base import Strategy, average_over_ties
 
-__all__ = ["CMAES", "SepCMAES", "AUTO_DIAGONAL_DIM", "MAX_FULL_DIM"]
+__all__ = ["CMAES", "SepCMAES", "AUTO_DIAGONAL_DIM", "MAX_FULL_DIM", "TIES", "canonical_order", "check_ties",
+           "has_ties", "tie_weights"]
 
 log = logging.getLogger("essa.strategies")
 
@@ -49,6 +81,83 @@ full-covariance checkpoint stays within 5 % of a generation up to here)."""
 MAX_FULL_DIM = 8192
 """Full covariance (``diagonal=False``) is refused above this D: C and its eigenbasis take
 2 x D^2 x 8 bytes (1.07 GB at 8192) in memory and in every generation's checkpoint."""
+
+
+TIES = ("average", "argsort")
+"""``strategy.options.ties``: average the recombination weights over tied ranks, or keep the
+library's argsort order (tied candidates weighted by their place in the ask order)."""
+
+
+def check_ties(ties: object) -> str:
+    """Validate ``strategy.options.ties``.
+
+    Returns:
+        ``ties`` unchanged, one of :data:`TIES`.
+
+    Raises:
+        ValueError: for anything else (one line naming the field and the choices).
+    """
+    if not (isinstance(ties, str) and ties in TIES):
+        raise ValueError(f"strategy.options.ties must be 'average' or 'argsort' (got {ties!r}); "
+                         "'average' gives tied fitness equal weights")
+    return ties
+
+
+def tie_weights(weights: np.ndarray, mu: int, sorted_values: np.ndarray) -> tuple[np.ndarray, int]:
+    """CMA-ES recombination weights averaged over tied ranks (module docstring, "Ties").
+
+    Args:
+        weights: (P,) float sorted-rank weights, best rank first: positive for the first ``mu``
+            (summing to 1, the mean's), then zero or negative (active CMA; Hansen 2016,
+            arXiv 1604.00772, eq. 53).
+        mu: number of positive weights, 1 <= mu <= P.
+        sorted_values: (P,) float objective values in the same best-first order (ties contiguous).
+
+    Returns:
+        ``(w, mu_tied)``: (P,) float64 weights, equal within every tied group and still
+        non-increasing, and the new count of positive weights. A group wholly within the first
+        ``mu`` ranks or wholly after them gets the mean of its weights; a group straddling
+        ``mu`` gets its positive mass shared equally and its negative weights dropped, so
+        ``w[:mu_tied]`` still sums to 1.
+
+    Raises:
+        ValueError: on mismatched shapes or ``mu`` outside [1, P].
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    values = np.asarray(sorted_values, dtype=np.float64)
+    P = len(w)
+    if w.ndim != 1 or values.shape != w.shape or not 1 <= mu <= P:
+        raise ValueError(f"tie_weights: weights {w.shape}, values {values.shape} and mu={mu} must be (P,), (P,), 1..P")
+    positive = np.where(np.arange(P) < mu, w, 0.0)
+    negative = w - positive
+    starts = np.r_[0, np.flatnonzero(values[1:] != values[:-1]) + 1]
+    ends = np.r_[starts[1:], P]
+    straddles = (starts < mu) & (ends > mu)
+    negative[np.repeat(straddles, ends - starts)] = 0.0  # the straddling group keeps its positive mass only
+    tied = average_over_ties(values, positive) + average_over_ties(values, negative)
+    return tied, int(ends[starts < mu][-1])
+
+
+def canonical_order(genomes: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Order candidates by value, ties by their genome's bytes.
+
+    Telling a library the candidates in this order makes its update independent of the order
+    the caller passed them in, to the last bit (its internal sort then sees one fixed input).
+
+    Args:
+        genomes: (P, D) float64 candidates.
+        values: (P,) float64 values, ascending = first.
+
+    Returns:
+        (P,) int64 permutation.
+    """
+    keys = [g.tobytes() for g in np.ascontiguousarray(genomes, dtype=np.float64)]
+    return np.array(sorted(range(len(values)), key=lambda i: (float(values[i]), keys[i])), dtype=np.int64)
+
+
+def has_ties(values: np.ndarray) -> bool:
+    """True if two of the (P,) ``values`` are equal."""
+    return len(np.unique(values)) < len(values)
 
 
 class _GeneratorRandn:
@@ -83,10 +192,14 @@ class CMAES(Strategy):
         cma_options: further pycma options passed through unchanged (e.g. ``{"CMA_active":
             False}``); ``popsize``, ``randn``, ``seed``, ``CMA_diagonal`` are set here and may
             not be overridden. Logging is off (no ``outcmaes/`` files) unless re-enabled.
+        ties: ``"average"`` (default): tied fitness gets tied weights (:func:`tie_weights`,
+            module docstring); ``"argsort"``: pycma's plain ranking.
 
     Raises:
-        ValueError: on a bad ``diagonal``, ``diagonal=False`` with D > ``MAX_FULL_DIM``, or a
-            reserved key in ``cma_options``.
+        ValueError: on a bad ``diagonal`` or ``ties``, ``diagonal=False`` with D >
+            ``MAX_FULL_DIM``, a reserved key in ``cma_options``, or ``ties="average"`` with a
+            pycma option that reorders or penalises the told candidates (``CMA_elitist``, the
+            ``BoundPenalty`` boundary handler).
 
     ``state_dict()["strategy"]`` holds ``es`` (bytes, ``es.pickle_dumps()``).
     """
@@ -103,9 +216,11 @@ class CMAES(Strategy):
         *,
         diagonal: bool | Literal["auto"] = "auto",
         cma_options: dict[str, Any] | None = None,
+        ties: str = "average",
         **options: Any,
     ) -> None:
         super().__init__(dim, x0, seed, population_size, sigma0, **options)
+        self.ties = check_ties(ties)
         if isinstance(diagonal, str) and diagonal == "auto":
             diagonal = self.dim > AUTO_DIAGONAL_DIM
             if diagonal:
@@ -135,12 +250,46 @@ class CMAES(Strategy):
             CMA_diagonal=self.diagonal,
         )
         self.es = cma.CMAEvolutionStrategy(self.x0, self.sigma0, opts)
+        if self.ties == "average":
+            self._check_order_free()
+
+    def _check_order_free(self) -> None:
+        es = self.es
+        conflict = ("CMA_elitist" if es.opts["CMA_elitist"] else
+                    "BoundPenalty" if isinstance(es.boundary_handler, cma.boundary_handler.BoundPenalty) else None)
+        if conflict:
+            raise ValueError(f"strategy.options.ties=average cannot be combined with pycma's {conflict} (its tell "
+                             "depends on the candidates' order); set strategy.options.ties=argsort or drop that option")
 
     def _ask(self) -> np.ndarray:
         return np.asarray(self.es.ask())  # (P, D)
 
     def _tell(self, genomes: np.ndarray, fitness: np.ndarray) -> None:
-        self.es.tell(list(genomes), list(-fitness))  # pycma minimises: negate here only
+        # pycma's TPA step-size adaptation (its default for D >= 300) draws from numpy's global
+        # generator in check_consistency (np.random.randint, from iteration 4); put it back
+        global_state = np.random.get_state()
+        try:
+            self._tell_pycma(genomes, -fitness)  # pycma minimises: negate here only
+        finally:
+            np.random.set_state(global_state)
+
+    def _tell_pycma(self, genomes: np.ndarray, values: np.ndarray) -> None:
+        if self.ties == "argsort" or not has_ties(values):
+            self.es.tell(list(genomes), list(values))
+            return
+        # (P,) one pycma input for any order within ties; TPA (pycma's step size for D >= 300) reads
+        # its mirrored pair from places 0 and 1 of ask's order, so those two stay where they are
+        keep = 2 if self.es.mean_shift_samples else 0
+        order = np.r_[np.arange(keep), keep + canonical_order(genomes[keep:], values[keep:])]
+        pycma_weights = self.es.sp.weights
+        tied = copy.copy(pycma_weights)  # RecombinationWeights (a list) with its attributes, mueff included
+        weights, tied.mu = tie_weights(np.asarray(pycma_weights), pycma_weights.mu, np.sort(values))
+        tied[:] = weights.tolist()
+        self.es.sp.weights = tied
+        try:
+            self.es.tell([genomes[i] for i in order], [float(values[i]) for i in order])
+        finally:
+            self.es.sp.weights = pycma_weights  # the state keeps pycma's weights: exact resume
 
     @property
     def sigma(self) -> float:

@@ -1,4 +1,4 @@
-"""pass@k estimator (engine/passk.py) against brute-force enumeration of k-subsets (Chen et al. 2021, Eq. 1)."""
+"""pass@k estimator (engine/results/passk.py) against brute-force enumeration of k-subsets (Chen et al. 2021, Eq. 1)."""
 from __future__ import annotations
 
 import itertools
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from engine.passk import check_ks, default_ks, pass_at_k, pass_at_k_fixed_set, pass_at_k_table
+from engine.results.passk import check_ks, default_ks, pass_at_k, pass_at_k_fixed_set, pass_at_k_table
 
 
 def brute_force(n: int, c: int, k: int) -> float:

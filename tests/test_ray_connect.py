@@ -1,4 +1,4 @@
-"""Connecting to Ray (engine/backends/ray_backend.py ``connect_ray``) when a cluster is already running.
+"""Connecting to Ray (engine/evaluation/ray_population.py ``connect_ray``) when a cluster is already running.
 
 A real Ray head (``ray start --head``, 1 CPU, its own temp dir and port) runs in a fixture; the
 driver must join it rather than call ``ray.init(num_cpus=...)``, which Ray refuses once it finds a
@@ -23,7 +23,7 @@ import pytest
 ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
 
-from engine.backends.ray_backend import connect_ray, running_cluster_address  # noqa: E402
+from engine.evaluation.ray_population import connect_ray, running_cluster_address  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

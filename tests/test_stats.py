@@ -4,8 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from engine.population import aggregate_fitness, question_z_fitness
-from engine.stats import (format_summary, latest_per_problem, mcnemar_exact, paired_comparison,
+from engine.evaluation.population import aggregate_fitness, question_z_fitness
+from engine.results.stats import (format_summary, latest_per_problem, mcnemar_exact, paired_comparison,
                           prompts_disagreeing, split_half_rank_correlation, summarise_conditions,
                           variance_ratio, wilson_interval)
 

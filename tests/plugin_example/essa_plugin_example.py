@@ -7,6 +7,9 @@ when the module is importable). The entry point in the plugin's own pyproject.to
 
     [project.entry-points."essa.strategies"]
     random_search = "essa_plugin_example:RandomSearch"
+
+``test_conformance.py`` beside this file runs essa's contract checks (``strategies.testing``) on
+it; a plugin copies that test and names its own class.
 """
 from typing import ClassVar
 
@@ -16,13 +19,20 @@ from strategies import Strategy
 
 
 class RandomSearch(Strategy):
-    """Sample N(best so far, sigma0^2 I); the base class tracks the best and saves the RNG."""
+    """Sample N(best so far, sigma0^2 I); the base class tracks the best and saves the RNG.
+
+    Pure random search around the incumbent (Rastrigin, "The convergence of the random search
+    method in the extremal control of a many parameter system", 1963): the simplest baseline,
+    with no state beyond what :class:`strategies.Strategy` keeps (``self.rng``, the best genome).
+    Its only randomness is ``self.rng``, so it resumes exactly; NaN fitness never becomes the best.
+    """
 
     # The `strategy=random_search` config group option (fields of engine.config.StrategyConfig).
     config: ClassVar[dict] = {"population_size": 8, "sigma0": 0.05, "options": {},
                               "genome": {"kind": "svd_lora", "alpha": 0.5}}
 
     def _ask(self) -> np.ndarray:
+        """(P, D) float64: the best genome so far (x0 before the first tell) plus sigma0 noise."""
         noise = self.rng.standard_normal((self.population_size, self.dim))  # (P, D)
         return self.mean + self.sigma0 * noise
 
@@ -31,8 +41,10 @@ class RandomSearch(Strategy):
 
     @property
     def sigma(self) -> float:
+        """The fixed sampling standard deviation, sigma0."""
         return self.sigma0
 
     @property
     def mean(self) -> np.ndarray:
+        """(D,) float64 copy of the best genome so far (x0 before the first tell)."""
         return (self.x0 if self.best_genome is None else self.best_genome).copy()
