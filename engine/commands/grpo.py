@@ -88,7 +88,7 @@ from pathlib import Path
 from engine import io
 from engine.commands.grpo_config import auto_micro_batch, check_generation_batch, method_name, validate
 from engine.config import ConfigError
-from engine.results.run_files import ValidationLog, clock_from, final_summary, run_metadata
+from engine.results.run_files import MetricsLog, ValidationLog, clock_from, final_summary, run_metadata
 
 log = logging.getLogger("essa.grpo")
 
@@ -138,7 +138,7 @@ class _Run:
         self.time_budget_s, self.eval_every, self.focal_gamma = g.time_budget_s, g.eval_every, g.focal_gamma
         self.clock = clock_from(t_start)
         self.log = ValidationLog(run_dir, method, problems, self.clock)
-        self.mrows: list[dict] = []
+        self.metrics = MetricsLog(run_dir)
         self.last_validated = -1
         self.eval_s = 0.0
 
@@ -156,8 +156,7 @@ class _Run:
         """One metrics row: TRL's logs of ``step``; ``wall`` and ``eval_s`` (validation seconds so far,
         included in ``wall``) as they stood when the step ended."""
         row = metrics_row(step, wall, eval_s, logs, self.focal_gamma)
-        self.mrows.append(row)
-        io.write_parquet(self.run_dir / "metrics.parquet", self.mrows)
+        self.metrics.add(row)
         if row["rollouts"] > 0:
             log.info("step %d  reward %.3f (std %.3f)  loss %.4f  %.0f rollouts in %.1f s (%.2f/s)  wall %.1f s",
                      step, row["reward_mean"], row["reward_std"], row["loss"], row["rollouts"], row["t_generate"],

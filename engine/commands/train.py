@@ -28,7 +28,7 @@ from engine.commands.train_checkpoint import (CHECKPOINT, RunState, open_checkpo
                                               write_checkpoint)
 from engine.commands.train_config import validate
 from engine.commands.train_schedule import deadline_allows, generation_sampling, periodic_validation_due
-from engine.results.run_files import ValidationLog, final_summary, run_metadata, truncate_run_logs
+from engine.results.run_files import MetricsLog, ValidationLog, final_summary, run_metadata, truncate_run_logs
 from engine.tasks import Task, minibatch
 
 log = logging.getLogger("essa")
@@ -53,7 +53,7 @@ class TrainRun:
     strategy: object = None
     evaluator: object = None
     validation: ValidationLog | None = None
-    metrics: list = field(default_factory=list)
+    metrics: MetricsLog | None = None
     stopped_by: str = "generations"
     slowest_s: float = 0.0  # this invocation's slowest generation (s), for deadline_s
 
@@ -228,7 +228,7 @@ def build_evaluator_phase(run: TrainRun, progress: _Progress) -> None:
     run.evaluator = progress.evaluator = build_evaluator(
         cfg.engine, cfg.model, run.serve_path, run.codec, meta, tokenizer, math_reward(cfg.reward),
         cfg.task.system_prompt, cfg.seed, adapters_per_batch=run.P + 2)
-    run.metrics = io.read_rows(run.run_dir / "metrics.parquet")
+    run.metrics = MetricsLog(run.run_dir)
     run.validation = ValidationLog(run.run_dir, method_name(cfg.strategy), run.task.val, run.clock)
 
 
@@ -315,8 +315,7 @@ def generation(run: TrainRun, g: int):
     result.rollouts["center"] = [c == P for c in result.rollouts["candidate"]]
     io.write_parquet(run.run_dir / "rollouts" / f"gen_{g:06d}.parquet", result.rollouts)
     row = generation_row(g, run.clock(), result, P, strategy.sigma, t_ask, t_tell)
-    run.metrics.append(row)
-    io.write_parquet(run.run_dir / "metrics.parquet", run.metrics)
+    run.metrics.add(row)
     log.info("gen %d (%d of %d)  fitness mean %.3f max %.3f centre %.3f  split-half rho %.2f  sigma %.4f  "
              "%d tok  %.0f tok/s  %.1fs", g, g + 1, cfg.generations, row["fitness_mean"], row["fitness_max"],
              row["fitness_center"], row["split_half_rho"], row["sigma"], row["tokens"], row["tokens_per_s"],

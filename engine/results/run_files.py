@@ -55,6 +55,24 @@ def run_metadata(method: str, label: str | None, model: str, model_path: str, ta
             "sft_adapter": str(sft_adapter), "config": config}
 
 
+class MetricsLog:
+    """``metrics.parquet`` of one run: one row per generation (essa train) or optimiser step (essa grpo),
+    rows kept in memory and the file rewritten atomically after each.
+
+    Args:
+        run_dir: the run directory (rows already there are read, so a resumed run appends).
+    """
+
+    def __init__(self, run_dir: str | Path):
+        self.path = Path(run_dir) / "metrics.parquet"
+        self.rows = io.read_rows(self.path)
+
+    def add(self, row: dict) -> None:
+        """Append one row and rewrite the file."""
+        self.rows.append(row)
+        io.write_parquet(self.path, self.rows)
+
+
 class ValidationLog:
     """``validation.parquet`` and ``validation_problems.parquet`` of one run, rows kept in memory.
 
