@@ -168,14 +168,10 @@ def _pid_running(pid: int) -> bool:
     return True
 
 
-def remove_stale_temp_dirs(root: str | Path) -> list[Path]:
-    """Delete the temp directories :func:`atomic_dir` left in ``root`` when the process building them
-    was killed: those last modified before the current process started, whose process (the pid in
-    the name, when it has one) no longer runs. A live build of another process is left alone.
-
-    Returns:
-        The removed directories.
-    """
+def _remove_dead(root: str | Path, pattern: re.Pattern) -> list[Path]:
+    """Delete the directories of ``root`` whose name matches ``pattern`` (group 1: the pid of the process
+    that made them, optional) and that a killed process left: last modified before the current process
+    started, their process (when named) no longer running, not this process's. Returns them."""
     import psutil
 
     root = Path(root)
@@ -184,14 +180,48 @@ def remove_stale_temp_dirs(root: str | Path) -> list[Path]:
     started = psutil.Process().create_time()  # seconds since the epoch
     removed = []
     for p in root.iterdir():
-        m = _TEMP_DIR.match(p.name)
-        if m is None or not p.is_dir() or p.is_symlink():
+        m = pattern.match(p.name)
+        pid = int(m.group(1)) if m and m.group(1) else None
+        if m is None or pid == os.getpid():
             continue
         try:
-            if p.stat().st_mtime >= started or (m.group(1) and _pid_running(int(m.group(1)))):
+            if not p.is_dir() or p.is_symlink() or p.stat().st_mtime >= started or (pid and _pid_running(pid)):
                 continue
         except OSError:  # removed meanwhile
             continue
         shutil.rmtree(p, ignore_errors=True)
         removed.append(p)
     return removed
+
+
+def remove_stale_temp_dirs(root: str | Path) -> list[Path]:
+    """Delete the temp directories :func:`atomic_dir` left in ``root`` when the process building them
+    was killed: those last modified before the current process started, whose process (the pid in
+    the name, when it has one) no longer runs. A live build of another process is left alone.
+
+    Returns:
+        The removed directories.
+    """
+    return _remove_dead(root, _TEMP_DIR)
+
+
+def pid_dir_prefix(prefix: str) -> str:
+    """``<prefix><this pid>-``: the name prefix of a per-process temp directory that
+    :func:`remove_dead_pid_dirs` can clear after the process is killed (``tempfile.mkdtemp(prefix=...)``)."""
+    return f"{prefix}{os.getpid()}-"
+
+
+def remove_dead_pid_dirs(root: str | Path, prefix: str) -> list[Path]:
+    """Delete the directories ``<root>/<prefix><pid>-*`` (:func:`pid_dir_prefix`) that a killed process
+    left behind (SIGKILL, or an engine crash that took it down before its ``finally`` ran): those
+    whose pid no longer runs and that were last modified before the current process started. A live
+    process's directory, and anything not named so, is left alone.
+
+    Args:
+        root: the parent directory (e.g. /dev/shm); a missing one removes nothing.
+        prefix: the name prefix before the pid, e.g. ``"essa-bench-"``.
+
+    Returns:
+        The removed directories.
+    """
+    return _remove_dead(root, re.compile(rf"^{re.escape(prefix)}(\d+)-"))

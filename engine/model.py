@@ -82,21 +82,21 @@ def prepare_embedded_model(out_dir: Path | None = None, force: bool = False) -> 
     return out
 
 
-def resolve_model_path(path: str, quantization: str | None = None) -> str:
+def resolve_model_path(path: str, quantization: str | None = None, dtype: str | None = None) -> str:
     """Map ``model.path`` to something transformers/vLLM/peft can load.
 
     ``embedded:smollm2-135m-instruct`` (the default) is converted on first use; anything else
     (a Hugging Face id or a local directory) is returned unchanged. With ``quantization``
     (``model.quantization``: int8 | int4) the result is the quantized copy that vLLM serves
-    (:func:`quantized_model_path`, built on first use); None gives the float model, which SFT,
-    tokenizers and adapters use.
+    (:func:`quantized_model_path`, built on first use, after :func:`check_quantization` with ``dtype``,
+    the resolved dtype vLLM will run); None gives the float model, which SFT, tokenizers and adapters use.
 
     Raises:
         ValueError: an unknown ``embedded:`` name or ``quantization`` value.
         FileNotFoundError: a path that looks local (starts with /, ./ or ~) but does not exist.
     """
     if quantization is not None:
-        return serving_model_path(resolve_model_path(path), quantization)
+        return serving_model_path(resolve_model_path(path), quantization, dtype)
     if path.startswith("embedded:"):
         if path != DEFAULT_MODEL:
             raise ValueError(f"model.path={path!r} is not an embedded model; use {DEFAULT_MODEL!r} or a HF id/dir")
@@ -263,7 +263,8 @@ def quantize_model(src: str, out: str | Path, quantization: str) -> Path:
     return out
 
 
-def check_quantization(quantization: str | None, gpu: bool | None = None, amx: bool | None = None) -> None:
+def check_quantization(quantization: str | None, gpu: bool | None = None, amx: bool | None = None,
+                       dtype: str | None = None) -> None:
     """Refuse, in one line, a ``model.quantization`` that vLLM 0.32 cannot serve with LoRA here.
 
     What vLLM 0.32 serves with LoRA adapters on a quantized (compressed-tensors) base:
@@ -275,15 +276,21 @@ def check_quantization(quantization: str | None, gpu: bool | None = None, amx: b
       weight into a oneDNN handle and sets ``layer.weight = None``, while vLLM's LoRA layers look up
       ``base_layer.weight.device`` when they wrap the layer (vllm/lora/layers/utils.py), so the
       engine would fail at start-up.
+    * CPU, int4 in float32 (``model.dtype=float32``, or ``auto`` on a CPU without native bf16): the
+      W4A16 kernel ``cpu_gemm_wna16`` exists for bfloat16/float16 activations only, so the engine
+      would fail after the warm start (``NotImplementedError: "cpu_gemm_wna16" not implemented for
+      'Float'``). int4 then needs ``model.dtype=bfloat16`` (emulated, slower, without native bf16).
 
     Args:
         quantization: ``model.quantization`` (None = float, always fine).
         gpu: the engine runs on CUDA; None = ``torch.cuda.is_available()``.
         amx: the CPU has AMX tiles as torch sees them (vLLM's own test); None = probe.
+        dtype: the dtype vLLM will run (``engine.hardware.resolve_dtype`` of ``model.dtype``); None
+            = not checked.
 
     Raises:
         ValueError: an unknown value, or a combination this back-end cannot serve (the message
-            names the alternative).
+            names the alternative, and never one that is refused here too).
     """
     if quantization is None:
         return
@@ -294,22 +301,28 @@ def check_quantization(quantization: str | None, gpu: bool | None = None, amx: b
     if gpu:
         return
     amx = bool(torch.cpu._is_amx_tile_supported()) if amx is None else amx
+    int4_float32 = dtype == "float32"  # cpu_gemm_wna16 has no float32 version
     if q.name == "int8" and not amx:
+        other = "null" if int4_float32 else "int4 (W4A16) or null"  # never int4 where it is refused too
         raise ValueError("model.quantization=int8: vLLM 0.32's CPU INT8 kernel without AMX drops the weight its LoRA "
-                         "layers need; use model.quantization=int4 (W4A16) or null on this CPU")
+                         f"layers need; use model.quantization={other} on this CPU")
+    if q.name == "int4" and int4_float32:
+        raise ValueError("model.quantization=int4 with model.dtype resolving to float32: vLLM 0.32's CPU INT4 kernel "
+                         "(cpu_gemm_wna16) has no float32 version; set model.dtype=bfloat16 (emulated and slower on a "
+                         "CPU without native bf16) or model.quantization=null")
 
 
-def serving_model_path(float_path: str, quantization: str | None) -> str:
+def serving_model_path(float_path: str, quantization: str | None, dtype: str | None = None) -> str:
     """The checkpoint vLLM serves the population on: ``float_path`` itself, or its quantized copy.
 
-    Checks the combination first (:func:`check_quantization`), then quantizes on first use
-    (:func:`quantized_model_path`). Call it at start-up, before the SFT warm start, so a bad
-    ``model.quantization`` stops the run at once.
+    Checks the combination first (:func:`check_quantization`, with ``dtype``: the dtype vLLM will
+    run, resolved), then quantizes on first use (:func:`quantized_model_path`). Call it at start-up,
+    before the SFT warm start, so a bad ``model.quantization`` stops the run at once.
 
     Raises:
         ValueError: see :func:`check_quantization`.
     """
     if quantization is None:
         return float_path
-    check_quantization(quantization)
+    check_quantization(quantization, dtype=dtype)
     return str(quantized_model_path(float_path, quantization))

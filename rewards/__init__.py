@@ -10,21 +10,26 @@ right, hedges score 0, reasoning inside ``<think>`` is ignored, nothing is ever 
 Public API:
     RewardResult, MathReward, reward        batched scoring (`rewards.math_reward`)
     extract_answer                          the final answer of one completion
+    GymReward                               a reasoning-gym dataset's own verifier (`rewards.gym_reward`)
     trl_math_reward, TrlMathReward          TRL reward-function signature
+    TrlGymReward                            GymReward with TRL's signature
     compute_score                           verl ``compute_score`` signature
 
 Importing this package is cheap: no sympy, no process is started until a non-numeric
 answer needs checking.
 """
 
-from rewards.adapters import TrlMathReward, compute_score, trl_math_reward
+from rewards.adapters import TrlGymReward, TrlMathReward, compute_score, trl_math_reward
 from rewards.extract import extract_answer
+from rewards.gym_reward import GymReward
 from rewards.math_reward import MathReward, RewardResult, Status, reward
 
 __all__ = [
+    "GymReward",
     "MathReward",
     "RewardResult",
     "Status",
+    "TrlGymReward",
     "TrlMathReward",
     "compute_score",
     "extract_answer",

@@ -21,9 +21,14 @@ address space (``RLIMIT_AS``), dies with its parent (``PR_SET_PDEATHSIG``, so wo
 started from one long-lived thread), and is recycled after `max_tasks`
 items to bound sympy's caches. POSIX only (``pass_fds``).
 
-Statuses returned per item: those of `rewards._verify_impl.verify_pair` plus ``"timeout"``
-(over the limit, or the worker died while checking this item) and ``"error"`` (no worker
-could be started).
+Two kinds of checker run in such workers (``kind``, one pool per kind): ``math`` (math-verify,
+`rewards._verify_impl.verify_pair`, items ``(pred, ref)``) and ``gym`` (a reasoning-gym dataset's own
+``score_answer``, `rewards._gym_impl.score`, items ``(answer, dataset, ref)``). A worker imports
+and warms up its checker before it reports ready.
+
+Results returned per item: the checker's (``math``: a status string; ``gym``: a float score or
+``"ref_error"``) or ``"timeout"`` (over the limit, or the worker died while checking this item) or
+``"error"`` (no worker could be started).
 """
 
 from __future__ import annotations
@@ -91,20 +96,32 @@ class _Worker:
         self.done = 0
 
 
+KINDS = ("math", "gym")
+"""The checkers a worker can run (`rewards._worker`)."""
+
+
 class VerifierPool:
-    """`workers` processes running `verify_pair` with a hard per-item time limit.
+    """`workers` processes running one checker (``kind``) with a hard per-item time limit.
 
     Args:
         workers: number of processes (>= 1).
         memory_limit_bytes: address-space cap per worker (None: no cap).
         max_tasks: items a worker checks before it is replaced.
+        kind: ``math`` (math-verify's `verify_pair`) or ``gym`` (reasoning-gym's ``score_answer``).
+
+    Raises:
+        ValueError: ``workers`` < 1 or an unknown ``kind``.
 
     Thread-safe: concurrent `map` calls run one after the other.
     """
 
-    def __init__(self, workers: int = 2, memory_limit_bytes: int | None = 4 << 30, max_tasks: int = 2000):
+    def __init__(self, workers: int = 2, memory_limit_bytes: int | None = 4 << 30, max_tasks: int = 2000,
+                 kind: str = "math"):
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        self.kind = kind
         self.n_workers = workers
         self.memory_limit_bytes = memory_limit_bytes
         self.max_tasks = max_tasks
@@ -124,6 +141,7 @@ class VerifierPool:
                 [
                     sys.executable, "-m", "rewards._worker",
                     str(to_child_r), str(from_child_w), str(self.memory_limit_bytes or 0), str(os.getpid()),
+                    self.kind,
                 ],
                 pass_fds=(to_child_r, from_child_w),
                 stdin=subprocess.DEVNULL,
@@ -170,16 +188,18 @@ class VerifierPool:
         return [w.proc.pid for w in self._workers]
 
     # -- the batch loop ---------------------------------------------------------------
-    def map(self, tasks: list[tuple[str, str]], timeout_s: float) -> list[str]:
-        """Check ``(pred, ref)`` pairs; one status per pair, in order.
+    def map(self, tasks: list[tuple], timeout_s: float) -> list:
+        """Check items; one result per item, in order.
 
         Args:
-            tasks: ``(extracted answer, reference)`` pairs.
-            timeout_s: hard limit per pair in seconds, counted from when the pair reaches a
+            tasks: ``math``: ``(extracted answer, reference)`` pairs; ``gym``: ``(answer or None,
+                dataset name, reference)`` triples.
+            timeout_s: hard limit per item in seconds, counted from when the item reaches a
                 ready worker.
 
         Returns:
-            ``"correct"``, ``"wrong"``, ``"ref_error"``, ``"timeout"`` or ``"error"`` per pair.
+            ``math``: ``"correct"``, ``"wrong"`` or ``"ref_error"``; ``gym``: the score (float) or
+            ``"ref_error"``; either kind: ``"timeout"`` or ``"error"``.
         """
         if not tasks:
             return []
@@ -196,7 +216,7 @@ class VerifierPool:
             self._run(tasks, timeout_s, results)
         return [r if r is not None else "error" for r in results]
 
-    def _run(self, tasks: list[tuple[str, str]], timeout_s: float, results: list[str | None]) -> None:
+    def _run(self, tasks: list[tuple], timeout_s: float, results: list) -> None:
         pending = deque(range(len(tasks)))
         startup_deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while pending or any(w.task is not None for w in self._workers):
@@ -237,7 +257,7 @@ class VerifierPool:
                 if msg[0] == "ready":
                     w.ready = True
                 elif msg[0] == "fatal":
-                    self._fatal = f"verifier worker cannot import math-verify: {msg[1]}"
+                    self._fatal = f"verifier worker cannot import its {self.kind} checker: {msg[1]}"
                 elif w.task == msg[0]:
                     results[msg[0]] = msg[1]
                     w.task = None
@@ -257,17 +277,17 @@ class VerifierPool:
                     self._replace(w)
 
 
-_POOLS: dict[tuple[int, int | None], VerifierPool] = {}
+_POOLS: dict[tuple[int, int | None, str], VerifierPool] = {}
 _POOLS_LOCK = threading.Lock()
 
 
-def get_pool(workers: int = 2, memory_limit_bytes: int | None = 4 << 30) -> VerifierPool:
-    """The process-wide pool for these settings, created on first use (starts no process)."""
-    key = (workers, memory_limit_bytes)
+def get_pool(workers: int = 2, memory_limit_bytes: int | None = 4 << 30, kind: str = "math") -> VerifierPool:
+    """The process-wide pool for these settings and checker ``kind``, created on first use (starts no process)."""
+    key = (workers, memory_limit_bytes, kind)
     with _POOLS_LOCK:
         pool = _POOLS.get(key)
         if pool is None:
-            pool = _POOLS[key] = VerifierPool(workers, memory_limit_bytes)
+            pool = _POOLS[key] = VerifierPool(workers, memory_limit_bytes, kind=kind)
         return pool
 
 

@@ -1,11 +1,13 @@
-"""Entry point of one verifier worker process: ``python -m rewards._worker IN OUT MEM PPID``.
+"""Entry point of one verifier worker process: ``python -m rewards._worker IN OUT MEM PPID [KIND]``.
 
 The parent (`rewards._pool`) starts it with `subprocess.Popen` and two private pipes (file
 descriptors IN and OUT, passed with ``pass_fds``); messages are `multiprocessing.connection`
-frames. Receives ``(index, pred, ref)`` and answers ``(index, status)``; ``None`` or EOF
-stops it. The worker caps its address space at MEM bytes (0: no cap) and asks Linux to kill
-it when its parent dies (``PR_SET_PDEATHSIG``), so a worker stuck in a huge sympy
-computation cannot outlive the run.
+frames. Receives ``(index, *item)`` and answers ``(index, result)``; ``None`` or EOF
+stops it. KIND (default ``math``) picks the checker: ``math`` checks ``(pred, ref)`` with
+`rewards._verify_impl.verify_pair`, ``gym`` scores ``(answer, dataset, ref)`` with the
+reasoning-gym dataset's own verifier (`rewards._gym_impl.score`). The worker caps its
+address space at MEM bytes (0: no cap) and asks Linux to kill it when its parent dies
+(``PR_SET_PDEATHSIG``), so a worker stuck in a huge sympy computation cannot outlive the run.
 """
 
 from __future__ import annotations
@@ -43,9 +45,24 @@ def _limit_memory(limit_bytes: int) -> None:
         pass
 
 
+def _checker(kind: str):
+    """The check function of ``kind``, imported and warmed up (first parses build caches: no item's
+    time limit should pay for them)."""
+    if kind == "gym":
+        from rewards import _gym_impl
+
+        _gym_impl.warm_up()
+        return _gym_impl.score
+    from rewards import _verify_impl
+
+    _verify_impl.verify_pair(r"\frac{\sqrt{2}}{2}", r"\{1, (0, 1]\}")
+    return _verify_impl.verify_pair
+
+
 def main(argv: list[str]) -> int:
     """Run the worker loop; returns the exit code."""
     fd_in, fd_out, mem, ppid = (int(a) for a in argv[1:5])
+    kind = argv[5] if len(argv) > 5 else "math"
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
     warnings.filterwarnings("ignore")  # sympy deprecation noise would flood the parent's stderr
     _die_with_parent(ppid)
@@ -53,11 +70,7 @@ def main(argv: list[str]) -> int:
     conn_in = Connection(fd_in, writable=False)
     conn_out = Connection(fd_out, readable=False)
     try:
-        from rewards import _verify_impl
-
-        # First parses build the LaTeX grammar and sympy caches (up to a second): do it
-        # before reporting ready, so that no item's time limit pays for it.
-        _verify_impl.verify_pair(r"\frac{\sqrt{2}}{2}", r"\{1, (0, 1]\}")
+        check = _checker(kind)
     except BaseException as e:  # noqa: BLE001 - report any import failure to the parent
         conn_out.send(("fatal", repr(e)))
         return 1
@@ -69,9 +82,9 @@ def main(argv: list[str]) -> int:
             return 0
         if msg is None:
             return 0
-        index, pred, ref = msg
+        index, *item = msg
         try:
-            status = _verify_impl.verify_pair(pred, ref)
+            status = check(*item)
         except BaseException:  # noqa: BLE001 - MemoryError, RecursionError, sympy bugs
             status = "wrong"
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rewards.gym_reward import GymReward
 from rewards.math_reward import MathReward
 
 
@@ -46,18 +47,40 @@ class TrlMathReward(MathReward):
         self.__name__ = "math_reward"
 
     def __call__(self, completions: list[Any], **kwargs: Any) -> list[float | None]:  # type: ignore[override]
-        refs = kwargs.get("answer")
-        if refs is None:
-            refs = kwargs.get("solution")
-        if refs is None:
-            raise KeyError(
-                "trl_math_reward needs the reference answers in a dataset column named 'answer' or 'solution'; "
-                f"got columns {sorted(kwargs)}"
-            )
-        texts = [_completion_text(c) for c in completions]
-        refs = [r if isinstance(r, str) or r is None else str(r) for r in refs]
-        results = MathReward.__call__(self, texts, refs)  # type: ignore[arg-type]
-        return [None if r.status == "error" else r.reward for r in results]
+        return _trl_scores(MathReward.__call__, self, completions, kwargs)
+
+
+class TrlGymReward(GymReward):
+    """`GymReward` with TRL's reward-function signature (picklable, has ``__name__``): the call
+    contract of `trl_math_reward`, the reference in the ``answer`` (or ``solution``) column."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.__name__ = f"{self.dataset}_reward"
+
+    def __call__(self, completions: list[Any], **kwargs: Any) -> list[float | None]:  # type: ignore[override]
+        return _trl_scores(GymReward.__call__, self, completions, kwargs)
+
+
+def _trl_scores(score, reward, completions: list[Any], columns: dict) -> list[float | None]:
+    """TRL's call of a batched reward: the reference column (``answer``, else ``solution``), the
+    completions' texts, ``score(reward, texts, refs)``; None where the row cannot be scored.
+
+    Raises:
+        KeyError: neither column is given.
+    """
+    refs = columns.get("answer")
+    if refs is None:
+        refs = columns.get("solution")
+    if refs is None:
+        raise KeyError(
+            f"{reward.__name__} needs the reference answers in a dataset column named 'answer' or 'solution'; "
+            f"got columns {sorted(columns)}"
+        )
+    texts = [_completion_text(c) for c in completions]
+    refs = [r if isinstance(r, str) or r is None else str(r) for r in refs]
+    results = score(reward, texts, refs)
+    return [None if r.status == "error" else r.reward for r in results]
 
 
 def trl_math_reward(completions: list[Any], **kwargs: Any) -> list[float | None]:

@@ -255,6 +255,30 @@ class Strategy(abc.ABC):
             self.best_genome = genomes[best].copy()
         self._generation += 1
 
+    def shrink_mean(self, factor: float) -> None:
+        """Anchored weight decay: pull the distribution mean toward the initial mean x0 (genome zero, the
+        warm start), ``mean <- x0 + factor (mean - x0)``. Called after a tell, it is es-awd's anchored
+        decay ``theta <- theta0 + (1 - a lambda)(theta - theta0)`` (Schweighofer et al., arXiv
+        2605.30148, §3): ES moves along directions the fitness does not constrain, and the decay
+        undoes that drift at no evaluation cost.
+
+        Args:
+            factor: in [0, 1]; 1 leaves the mean where it is, 0 puts it back on x0.
+
+        Raises:
+            ValueError: factor outside [0, 1]. NotImplementedError: the strategy cannot move its mean
+                (a plugin that does not override :meth:`_set_mean`).
+        """
+        if not 0.0 <= factor <= 1.0:
+            raise ValueError(f"shrink_mean: factor={factor} must be in [0, 1] (1 - strategy.mean_decay)")
+        if factor != 1.0:
+            self._set_mean(self.x0 + factor * (self.mean - self.x0))
+
+    def _set_mean(self, mean: np.ndarray) -> None:
+        """Replace the distribution mean by ``mean`` ((D,) float64); override to support :meth:`shrink_mean`."""
+        raise NotImplementedError(f"{type(self).__name__} cannot move its mean; strategy.mean_decay needs it to "
+                                  "override Strategy._set_mean, or set strategy.mean_decay=0")
+
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly where this strategy is.
 

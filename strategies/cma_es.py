@@ -301,6 +301,9 @@ class CMAES(Strategy):
         """(D,) float64 copy of pycma's distribution mean ``es.mean``."""
         return np.array(self.es.mean, dtype=np.float64)
 
+    def _set_mean(self, mean: np.ndarray) -> None:
+        self.es.mean = np.array(mean, dtype=np.float64)  # genotype = phenotype: no transformation is set
+
     def _state_dict(self) -> dict[str, Any]:
         return {"es": self.es.pickle_dumps(), "diagonal": self.diagonal}
 

@@ -147,6 +147,9 @@ class LRACMAES(Strategy):
         """(D,) float64 copy of cmaes's distribution mean."""
         return np.array(self.cma.mean, dtype=np.float64)
 
+    def _set_mean(self, mean: np.ndarray) -> None:
+        self.cma._mean = np.array(mean, dtype=np.float64)
+
     @property
     def learning_rates(self) -> tuple[float, float]:
         """(eta_mean, eta_Sigma), the adapted learning rates, each in (0, 1]."""

@@ -172,6 +172,9 @@ class OpenAIES(Strategy):
         """(D,) float64 copy of the current mean (the parameters theta of the paper)."""
         return self._mean.copy()
 
+    def _set_mean(self, mean: np.ndarray) -> None:
+        self._mean = np.array(mean, dtype=np.float64)
+
     def _state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"mean": self._mean.copy()}
         if self.optimizer == "adam":

@@ -43,3 +43,55 @@ def train_evaluator(cfg, serve_path: str, codec, meta, tokenizer):
 
     return build_evaluator(cfg.engine, cfg.model, serve_path, codec, meta, tokenizer, math_reward(cfg.reward),
                            cfg.task.system_prompt, cfg.seed, cfg.strategy.population_size + 2)
+
+
+def hf_target_logprobs(model, pairs) -> list:
+    """Reference scores from transformers (+ peft): log p of each target token given its prefix, in the
+    model's dtype, one sequence at a time (no padding). Returns (T_r,) float64 arrays, as
+    ``engine.evaluation.prefill.target_logprobs``."""
+    import numpy as np
+    import torch
+
+    out = []
+    with torch.no_grad():
+        for prefix, target in pairs:
+            ids = torch.tensor([list(prefix) + list(target)])
+            logp = torch.log_softmax(model(ids).logits[0].float(), dim=-1)  # (T, V)
+            pos = torch.arange(len(prefix) - 1, ids.shape[1] - 1)
+            out.append(logp[pos, ids[0, pos + 1]].double().numpy().astype(np.float64))
+    return out
+
+
+def wandb_history(run_dir) -> list[dict]:
+    """The history rows (``run.log`` calls) of every offline W&B run under ``run_dir``, in order.
+
+    wandb 0.31 has no Python reader of its ``run-<id>.wandb`` files (the Go core writes them), so this reads
+    the container itself: a 7-byte header (``:W&B``, magic, version) then LevelDB's log format (32 KiB blocks
+    of records: crc32 (4 bytes), length (2), type (1: full, 2: first, 3: middle, 4: last), data; a block's
+    tail shorter than a header is padding), each record's data a ``wandb_internal_pb2.Record`` decoded by
+    wandb's own protobuf classes.
+    """
+    import json
+    import struct
+    from pathlib import Path
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    rows = []
+    for path in sorted(Path(run_dir).rglob("run-*.wandb")):
+        data, i, pending = path.read_bytes(), 7, b""
+        assert data[:4] == b":W&B", f"{path}: not a W&B transaction log"
+        while i + 7 <= len(data):
+            if 32768 - i % 32768 < 7:  # padding at the end of a block
+                i += 32768 - i % 32768
+                continue
+            _, n, kind = struct.unpack("<IHB", data[i:i + 7])
+            pending, i = pending + data[i + 7:i + 7 + n], i + 7 + n
+            if kind in (1, 4):  # a whole record, or the last piece of one
+                record = pb.Record()
+                record.ParseFromString(pending)
+                pending = b""
+                if record.WhichOneof("record_type") == "history":
+                    rows.append({it.key or "/".join(it.nested_key): json.loads(it.value_json)
+                                 for it in record.history.item})
+    return rows

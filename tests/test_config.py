@@ -32,6 +32,9 @@ def test_default_config_composes_and_validates():
 
 
 @pytest.mark.parametrize("group,option", [("task", "gsm8k"), ("task", "math500"), ("task", "svamp"),
+                                          ("task", "countdown"), ("task", "chain_sum"), ("task", "basic_arithmetic"),
+                                          ("task", "gsm_symbolic"), ("logger", "tensorboard"), ("logger", "mlflow"),
+                                          ("logger", "wandb"),
                                           ("strategy", "cma_es"), ("strategy", "sep_cma"), ("engine", "ray"),
                                           ("sft", "off"), ("model", "qwen2.5-7b")])
 def test_every_group_option_composes(group, option):
@@ -88,13 +91,14 @@ def test_typos_and_wrong_types_fail_at_compose(override, error):
     ("model.max_model_len=96", "rollout.max_tokens=96 >= model.max_model_len=96"),
     ("model.max_model_len=64", "rollout.max_tokens"),
     ("reward.timeout_s=0", "reward.timeout_s"),
+    ("task=countdown rollout.dense=tiebreak", "rollout.dense"),
     ("reward.timeout_s=nan", "reward.timeout_s"),
     ("strategy.genome.alpha=0.1", "strategy.genome.alpha=0.1 gives floor(alpha * r) = 0"),
     ("deadline_s=0", "deadline_s"),
     ("deadline_s=-5", "deadline_s"),
 ])
 def test_validate_names_the_field(override, field):
-    cfg = train_cfg(override)
+    cfg = train_cfg(*override.split())
     with pytest.raises(ConfigError) as e:
         validate(cfg)
     msg = str(e.value)
@@ -106,7 +110,7 @@ def test_deadline_prices_the_next_generation_and_the_validations_still_due():
     40 tokens / 400 tok/s = 50 s) must end by deadline_s; the final call has sft, mean and best."""
     from engine.commands.train_schedule import deadline_allows
 
-    cfg = train_cfg("deadline_s=1000", "eval.every=5", "eval.max_tokens=96", "generations=10")
+    cfg = train_cfg("deadline_s=1000", "eval.every=5", "eval.max_tokens=96", "generations=10", "eval.samples=0")
     args = dict(generation_s=100.0, tokens_per_completion=40.0, tokens_per_s=400.0, n_val=500)
     assert deadline_allows(cfg, 2, elapsed_s=750.0, **args)       # 750 + 100 + 3 x 50 = 1000
     assert not deadline_allows(cfg, 2, elapsed_s=751.0, **args)
@@ -115,11 +119,15 @@ def test_deadline_prices_the_next_generation_and_the_validations_still_due():
     assert not deadline_allows(cfg, 5, elapsed_s=701.0, **args)   # the step-5 validation has not run yet
     assert not deadline_allows(cfg, 3, elapsed_s=751.0, **args)
     assert deadline_allows(cfg, 5, elapsed_s=700.0, **args)
-    no_baselines = train_cfg("deadline_s=1000", "eval.every=0", "eval.baselines=false")
+    no_baselines = train_cfg("deadline_s=1000", "eval.every=0", "eval.baselines=false", "eval.samples=0")
     assert deadline_allows(no_baselines, 2, elapsed_s=800.0, **args)  # mean + best only
-    capped = train_cfg("deadline_s=1000", "eval.every=0", "eval.max_tokens=20")
+    capped = train_cfg("deadline_s=1000", "eval.every=0", "eval.max_tokens=20", "eval.samples=0")
     assert deadline_allows(capped, 2, elapsed_s=800.0, **{**args, "tokens_per_completion": 96.0})  # 3 x 25 s
     assert deadline_allows(train_cfg("eval.every=0"), 2, elapsed_s=1e9, **args)  # null: no deadline
+    # the sampled pass (eval.samples 8 on 100 problems, sft and mean): 1600 completions x 40 / 400 = 160 s
+    sampled = train_cfg("deadline_s=1000", "eval.every=0", "eval.samples=8", "eval.sample_problems=100")
+    assert deadline_allows(sampled, 2, elapsed_s=590.0, **args)      # 590 + 100 + 150 + 160 = 1000
+    assert not deadline_allows(sampled, 2, elapsed_s=591.0, **args)
 
 
 def test_max_model_len_names_eval_max_tokens():
@@ -253,9 +261,9 @@ def test_unknown_field_names_the_actual_command(command, capsys):
     # a group of another command: named, with the commands that take it and this command's groups
     (["eval", "+experiment=tiny"], "override '+experiment=tiny': config group 'experiment' does not apply to "
                                    "essa eval (essa train accepts it); essa eval's groups: engine, model, reward, task"),
-    (["eval", "strategy=essa"], "config group 'strategy' does not apply to essa eval (essa train accepts it)"),
+    (["eval", "strategy=essa"], "config group 'strategy' does not apply to essa eval (essa train and essa lab accept it)"),
     (["eval", "sft=off"], "(essa train and essa grpo accept it)"),
-    (["grpo", "+experiment=tiny"], "essa grpo's groups: model, reward, sft, task"),
+    (["grpo", "+experiment=tiny"], "essa grpo's groups: logger, model, reward, sft, task"),
     (["bench", "+experiment=tiny"], "essa bench takes no config groups"),  # bench composed it silently
     # an overlay group without '+'
     (["train", "experiment=tiny"], "add it with '+': +experiment=tiny"),
@@ -275,7 +283,7 @@ def test_cli_group_overrides_name_the_command(argv, expect, capsys):
 def test_group_override_check_passes_accepted_overrides():
     from engine.cli.overrides import config_groups, group_override_error
 
-    assert config_groups("train") == ["engine", "model", "reward", "sft", "strategy", "task"]
+    assert config_groups("train") == ["engine", "logger", "model", "reward", "sft", "strategy", "task"]
     assert config_groups("bench") == []
     assert group_override_error("train", ["+experiment=tiny", "task=gsm8k", "strategy.sigma0=0.2"]) is None
     assert group_override_error("eval", ["task=gsm8k", "n=2"]) is None

@@ -85,6 +85,28 @@ def test_bad_config_names_the_field(override, field):
         validate(compose(override))
 
 
+@pytest.mark.parametrize("overrides, refused", [
+    (("grpo.top_p=0.9",), True),                                          # the default token_truncate
+    (("grpo.top_p=0.9", "grpo.importance_sampling=sequence_mask"), True),
+    (("grpo.top_p=0.9", "grpo.importance_sampling=none"), False),         # no correction: nothing biased
+    (("grpo.top_p=0.9", "grpo.generator=transformers"), False),           # the sampler is the trainer
+    (("grpo.top_p=1.0",), False),
+])
+def test_top_p_with_importance_sampling_is_refused_at_start(overrides, refused):
+    """Issue 29b (TRL 4159, 6789): the ratio is biased under top-p; refused in one line naming both fields."""
+    from engine.commands.grpo_config import validate
+
+    cfg = compose("grpo.temperature=0.7", *overrides)
+    if not refused:
+        validate(cfg)
+        return
+    with pytest.raises(ConfigError) as e:
+        validate(cfg)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("grpo.top_p=0.9 with grpo.importance_sampling=")
+    assert "grpo.top_p=1.0" in msg and "grpo.importance_sampling=none" in msg and "grpo.generator=transformers" in msg
+
+
 @pytest.mark.parametrize("fw, threshold, ok", [
     (0.1, 0.05, False),   # a wrong boxed answer scores 0.1: it would count as correct
     (0.1, 0.5, True), (0.1, 1.0, True),

@@ -102,7 +102,8 @@ def test_missing_cpuinfo_means_no_flags(tmp_path):
 
 @pytest.mark.parametrize("environ, isa, native", [
     ({"ONEDNN_MAX_CPU_ISA": "AVX2"}, "AVX2", False),
-    ({"ATEN_CPU_CAPABILITY": "avx2"}, "AVX2", False),
+    ({"ATEN_CPU_CAPABILITY": "avx2"}, "AMX", True),   # ATen's element-wise kernels only: bf16 GEMMs stay native
+    ({"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}, "AVX2", False),  # the AVX2 emulation
     ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}, "AVX-512", False),
     ({"ONEDNN_MAX_CPU_ISA": "avx512_core_bf16"}, "AVX512-BF16", True),
     ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}, "AMX", True),   # not a cap below what the CPU has
@@ -168,3 +169,42 @@ def test_bench_records_and_prints_flags_and_dtype():
     table = format_table(result)
     assert "AMD EPYC 7B13, 2 cores" in table
     assert "flags: avx2 -avx512f -avx512_bf16 -amx_bf16 -amx_tile -> AVX2; dtype float32 (CPU: AVX2, no native bf16)" in table
+
+
+@pytest.mark.parametrize("environ", [{"ATEN_CPU_CAPABILITY": "avx2"}, {"ATEN_CPU_CAPABILITY": "default"}])
+def test_aten_capability_alone_does_not_change_the_dtype(tmp_path, environ, caplog):
+    """Issue 29d (pytorch 82881): ATEN_CPU_CAPABILITY picks ATen's element-wise kernels, oneDNN's bf16
+    GEMMs stay native, so auto keeps bfloat16 and an explicit bfloat16 logs no "emulated" warning."""
+    f = tmp_path / "cpuinfo"
+    f.write_text(f"model name\t: Fake Xeon\nflags\t\t: {AMX}\n")
+    dev = DeviceInfo(cpu=read_cpu_info(f, environ=environ, onednn=True))
+    assert dev.cpu.capped_by is None and dev.cpu.native_bf16
+    assert resolve_dtype("auto", dev)[0] == "bfloat16"
+    with caplog.at_level(logging.INFO, logger="essa.hardware"):
+        resolve_dtype("bfloat16", dev)
+    assert [r.levelno for r in caplog.records] == [logging.INFO]
+
+
+@pytest.mark.parametrize("flags", [AMX, AVX512_BF16])
+def test_torch_without_onednn_has_no_native_bf16(tmp_path, flags, caplog):
+    """Issue 29d: with torch.backends.mkldnn unavailable bf16 matmuls are emulated whatever the flags say."""
+    f = tmp_path / "cpuinfo"
+    f.write_text(f"model name\t: Fake Xeon\nflags\t\t: {flags}\n")
+    info = read_cpu_info(f, environ={}, onednn=False)
+    assert not info.native_bf16 and info.summary()["onednn"] is False
+    dtype, reason = resolve_dtype("auto", DeviceInfo(cpu=info))
+    assert dtype == "float32" and "torch.backends.mkldnn.is_available() is False" in reason
+    with caplog.at_level(logging.INFO, logger="essa.hardware"):
+        resolve_dtype("bfloat16", DeviceInfo(cpu=info))
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+
+
+def test_onednn_is_probed_from_torch(tmp_path, monkeypatch):
+    import torch
+
+    f = tmp_path / "cpuinfo"
+    f.write_text(f"model name\t: Fake Xeon\nflags\t\t: {AMX}\n")
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    assert read_cpu_info(f, environ={}).onednn is False
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: True)
+    assert read_cpu_info(f, environ={}).native_bf16

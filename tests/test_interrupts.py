@@ -276,3 +276,68 @@ def test_a_version_1_checkpoint_resumes_exactly(fake_run):
     ckpt = io.read_pickle(run_dir / "checkpoint.pkl")
     assert ckpt["version"] == CHECKPOINT_VERSION == 2 and ckpt["run_state"]["generation"] == 2
     assert isinstance(ckpt["run_state"], dict)  # plain data now: no class path to move
+
+
+def test_mean_decay_and_adaptive_prompts_resume_exactly(fake_run, monkeypatch, tmp_path):
+    """strategy.mean_decay and rollout.adaptive_prompts: a run interrupted after generation 0 and resumed
+    logs the same generations as an uninterrupted one (N per generation, the decayed mean's norm, fitness)."""
+    from engine import io
+    from engine.commands.train import run_train
+
+    monkeypatch.setattr("engine.results.stats.split_half_rank_correlation", lambda rewards: 0.0)  # always noise
+    build, run_dir = fake_run
+    levers = {"strategy": {"mean_decay": 0.3}, "rollout": {"adaptive_prompts": True, "max_prompts_per_generation": 12}}
+
+    def cfg_for(interrupt_at):
+        from omegaconf import OmegaConf
+        cfg, made = build(interrupt_at=interrupt_at)
+        return OmegaConf.merge(cfg, levers, {"report": False}), made
+
+    cfg, _ = cfg_for(-1)
+    run_train(cfg, tmp_path / "straight")
+    want = io.read_rows(tmp_path / "straight" / "metrics.parquet")
+    cfg, _ = cfg_for(1)
+    with interrupts.handling():
+        with pytest.raises(KeyboardInterrupt):
+            run_train(cfg, run_dir)
+    interrupts.reset()
+    cfg, _ = cfg_for(-1)
+    cfg.resume = str(run_dir)
+    run_train(cfg, run_dir)
+    got = io.read_rows(run_dir / "metrics.parquet")
+    assert [r["prompts"] for r in got] == [r["prompts"] for r in want] == [4, 8, 12]  # doubled, then capped
+    for g, w in zip(got, want):
+        for key in ("mean_norm", "fitness_mean", "fitness_max", "sigma"):
+            assert g[key] == pytest.approx(w[key], rel=1e-12), (g["generation"], key)
+
+
+@pytest.mark.parametrize("strategy", ["lra_cma", "openai_es"])
+def test_new_strategies_resume_exactly_through_run_train(fake_run, tmp_path, strategy):
+    """LRA-CMA-ES and OpenAI-ES through essa train's loop: interrupted after generation 0 and resumed,
+    they log what an uninterrupted run logs (their state, RNG included, rides in the checkpoint)."""
+    from omegaconf import OmegaConf
+
+    from engine import io
+    from engine.commands.train import run_train
+
+    build, run_dir = fake_run
+
+    def cfg_for(interrupt_at):
+        cfg, _ = build(interrupt_at=interrupt_at)
+        cfg.strategy.options = {}  # strategy=essa's options (diagonal) are CMA-ES's own
+        return OmegaConf.merge(cfg, {"strategy": {"name": strategy}, "report": False})
+
+    run_train(cfg_for(-1), tmp_path / "straight")
+    want = io.read_rows(tmp_path / "straight" / "metrics.parquet")
+    with interrupts.handling():
+        with pytest.raises(KeyboardInterrupt):
+            run_train(cfg_for(1), run_dir)
+    interrupts.reset()
+    cfg = cfg_for(-1)
+    cfg.resume = str(run_dir)
+    run_train(cfg, run_dir)
+    got = io.read_rows(run_dir / "metrics.parquet")
+    assert [r["generation"] for r in got] == [0, 1, 2]
+    for g, w in zip(got, want):
+        for key in ("fitness_mean", "fitness_max", "fitness_center", "sigma", "mean_norm"):
+            assert g[key] == pytest.approx(w[key], rel=1e-12), (strategy, g["generation"], key)

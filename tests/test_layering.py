@@ -18,9 +18,9 @@ REPO = Path(__file__).resolve().parent.parent
 FLOORS = {
     # outside the engine: leaves that import nothing of ours
     "strategies": 0, "rewards": 0,
-    # leaves of the engine: the config base, atomic files, Ctrl-C, the CPU, prompts
+    # leaves of the engine: the config base, atomic files, Ctrl-C, the CPU, prompts, reasoning-gym's generators
     "engine": 1, "engine.config": 1, "engine.io": 1, "engine.interrupts": 1, "engine.hardware": 1,
-    "engine.prompts": 1,
+    "engine.prompts": 1, "engine.gym_tasks": 1,
     # data and model
     "engine.model": 2, "engine.tasks": 2,
     # PEFT files and the warm start, generation engines, run files and reports, strategy building

@@ -182,7 +182,7 @@ def test_backend_kwargs_match_the_local_engine(monkeypatch):
     def local_engine(model, **kwargs):
         seen["local"] = kwargs
 
-    def ray_actors(engine, kwargs, *args):
+    def ray_actors(engine, kwargs, *args, **options):
         seen["ray"] = kwargs
 
     monkeypatch.setattr(vllm_local, "VLLMBackend", local_engine)

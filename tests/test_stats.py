@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from engine.evaluation.population import aggregate_fitness, question_z_fitness
-from engine.results.stats import (format_summary, latest_per_problem, mcnemar_exact, paired_comparison,
+from engine.results.stats import (format_summary, latest_per_problem, mcnemar_exact, newcombe_paired_interval,
+                                  paired_comparison,
                           prompts_disagreeing, split_half_rank_correlation, summarise_conditions,
                           variance_ratio, wilson_interval)
 
@@ -47,6 +48,41 @@ def test_paired_comparison_counts_discordant_problems():
     assert out["p_value"] == pytest.approx(mcnemar_exact(3, 2))
     with pytest.raises(ValueError, match="same problems"):
         paired_comparison(t, k[:-1])
+
+
+def test_paired_interval_stays_inside_its_bounds_on_small_sets():
+    """Issue 29e: 2 of 4 against 0 of 4 gave [-0.066, +1.066] with the normal approximation."""
+    out = paired_comparison([1, 1, 0, 0], [0, 0, 0, 0])
+    assert out["diff"] == 0.5 and -1.0 <= out["ci_low"] < 0.5 < out["ci_high"] <= 1.0
+    assert (out["ci_low"], out["ci_high"]) == pytest.approx((-0.1021, 0.8500), abs=5e-4)  # hand-computed, psi = 0
+    for t, k in [([1] * 5, [0] * 5), ([0] * 5, [1] * 5), ([1], [0]), ([1, 1], [1, 1]), ([0, 1, 1], [1, 0, 0])]:
+        o = paired_comparison(t, k)
+        assert -1.0 <= o["ci_low"] <= o["diff"] <= o["ci_high"] <= 1.0, (t, k, o)
+        assert o["ci_high"] > o["ci_low"]   # never a zero-width interval (the normal one collapsed on all-equal diffs)
+
+
+@pytest.mark.parametrize("a, b, c, d, low, high", [
+    (59, 6, 16, 80, -0.1186, -0.0046),   # Cavo et al. 2012 (Fagerland et al. 2014; contingencytables ch. 8 tests)
+    (1, 1, 7, 12, -0.5069, -0.0256),     # Bentur et al. 2009, the same book's other example
+])
+def test_newcombe_paired_interval_known_values(a, b, c, d, low, high):
+    lo, hi = newcombe_paired_interval(a, b, c, d)
+    assert lo == pytest.approx(low, abs=5e-4) and hi == pytest.approx(high, abs=5e-4)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        newcombe_paired_interval(-1, b, c, d)
+    assert all(math.isnan(x) for x in newcombe_paired_interval(0, 0, 0, 0))
+
+
+def test_newcombe_paired_interval_covers_near_nominal_on_small_sets():
+    """Simulated coverage at n = 12 with correlated pairs: the normal approximation undercovers here."""
+    rng = np.random.default_rng(3)
+    probs = np.array([0.45, 0.25, 0.05, 0.25])   # a, b, c, d: true difference b - c = 0.20
+    hits = 0
+    for _ in range(2000):
+        a, b, c, d = rng.multinomial(12, probs)
+        lo, hi = newcombe_paired_interval(a, b, c, d)
+        hits += lo <= 0.20 <= hi
+    assert 0.92 <= hits / 2000 <= 0.995
 
 
 def test_paired_interval_is_narrower_than_independent_ones():

@@ -400,3 +400,20 @@ def test_lra_cma_state_keeps_c_whole_and_draws_from_the_saved_generator():
     assert resumed.rng.bit_generator.state == strategy.rng.bit_generator.state
     genomes = strategy.ask()
     assert np.array_equal(genomes, resumed.ask())
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_shrink_mean_pulls_toward_x0_and_resumes(name):
+    """strategy.mean_decay's anchored decay: mean <- x0 + f (mean - x0), kept by state_dict."""
+    x0 = np.linspace(-1, 1, D)
+    s = REGISTRY[name](dim=D, x0=x0, seed=0, population_size=P, sigma0=0.5)
+    genomes = s.ask()
+    s.tell(genomes, sphere(genomes))
+    before = s.mean
+    s.shrink_mean(0.5)
+    np.testing.assert_allclose(s.mean, x0 + 0.5 * (before - x0), atol=1e-12)
+    copy = REGISTRY[name](dim=D, x0=x0, seed=0, population_size=P, sigma0=0.5)
+    copy.load_state_dict(pickle.loads(pickle.dumps(s.state_dict())))
+    assert np.array_equal(copy.ask(), s.ask())  # the decayed mean is what the next ask samples around
+    with pytest.raises(ValueError, match="mean_decay"):
+        s.shrink_mean(1.5)

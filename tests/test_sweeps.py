@@ -217,3 +217,87 @@ def test_a_refused_run_dir_is_removed_only_when_it_holds_nothing_but_hydra_files
     plain.mkdir()
     assert not remove_refused_run_dir(plain, "cli.log") and plain.exists()
     assert not remove_refused_run_dir(tmp_path / "missing", "cli.log")
+
+
+# --- Optuna: the direction, jobs without a value, sweeps without a completed trial (issue 29c) ------
+
+def test_optuna_sweeper_maximises_by_default():
+    """hydra-optuna-sweeper's own default is minimize; every essa command returns an accuracy."""
+    from engine.results.sweeps import register_sweeper_defaults
+
+    register_configs()
+    register_sweeper_defaults()
+
+    def direction(*overrides):  # the schema's Direction enum, or the override's string
+        d = compose_train("hydra/sweeper=optuna", *overrides).hydra.sweeper.direction
+        return getattr(d, "name", d)
+
+    cfg = compose_train("hydra/sweeper=optuna", "hydra.sweeper.n_trials=4", "hydra.sweeper.sampler.seed=1")
+    assert direction() == "maximize" and cfg.hydra.sweeper.n_trials == 4
+    assert cfg.hydra.sweeper.sampler._target_ == "optuna.samplers.TPESampler"   # the plugin's defaults list kept
+    assert direction("hydra.sweeper.direction=minimize") == "minimize"          # an explicit choice still wins
+    assert "optuna" not in compose_train().hydra.sweeper._target_.lower()       # the basic sweeper is unchanged
+
+
+def _run_job_returning(value, sweeper: str, tmp_path, monkeypatch):
+    """``run_job`` of a fake command that returns ``value``, as job 0 of a multirun under ``sweeper``."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf, open_dict
+
+    from engine.cli import hydra_app
+    from engine.commands import COMMANDS, Command
+    from engine.results.sweeps import register_sweeper_defaults
+
+    register_configs()
+    register_sweeper_defaults()
+    cfg = compose_train(*(["hydra/sweeper=optuna"] if sweeper == "optuna" else []))
+    with open_dict(cfg):
+        cfg.hydra.mode = RunMode.MULTIRUN
+        cfg.hydra.runtime.output_dir = str(tmp_path)
+    HydraConfig.instance().set_config(cfg)
+    monkeypatch.setitem(COMMANDS, "fake", Command("fake", "", f"{__name__}:_fake_run", "engine.commands.train_config"))
+    monkeypatch.setattr(sys.modules[__name__], "_FAKE_VALUE", value)
+    try:
+        return hydra_app.run_job("fake", OmegaConf.create({}))
+    finally:
+        HydraConfig.instance().cfg = None  # no Hydra config leaks into later tests
+
+
+_FAKE_VALUE = None
+
+
+def _fake_run(cfg, run_dir):
+    return _FAKE_VALUE
+
+
+@pytest.mark.parametrize("value, sweeper, failed", [
+    (None, "optuna", True),     # generations=0: no accuracy, a failed trial for Optuna, so a failed job
+    (0.5, "optuna", False),
+    (None, "basic", False),     # the basic sweeper ignores return values
+])
+def test_a_job_without_a_value_is_failed_under_optuna(value, sweeper, failed, tmp_path, monkeypatch):
+    from engine.results.sweeps import NO_VALUE_LINE, failed_jobs
+
+    assert _run_job_returning(value, sweeper, tmp_path / "0", monkeypatch) == value
+    (tmp_path / "0" / ".hydra").mkdir(parents=True, exist_ok=True)
+    got = failed_jobs(tmp_path)
+    assert got == ([(tmp_path / "0", NO_VALUE_LINE)] if failed else [])
+
+
+def test_optuna_sweep_without_a_completed_trial_names_its_jobs(tmp_path):
+    """Every trial fails (here in validation, no model loaded): one line per job and exit 1, not Optuna's
+    ``ValueError: No trials are completed yet.`` traceback."""
+    sweep = tmp_path / "optuna"
+    proc = subprocess.run([ESSA, "train", "-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=1",
+                           "hydra.sweeper.sampler.seed=1", "strategy.sigma0=choice(-1,-2)", f"hydra.sweep.dir={sweep}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    err = proc.stderr
+    assert proc.returncode == 1, err[-3000:]
+    assert "Traceback" not in err and "No trials are completed yet" not in err, err[-3000:]
+    lines = [ln for ln in err.splitlines() if ln.startswith("essa: error:")]
+    assert lines == [f"essa: error: 2 of 2 sweep jobs failed (job 0, 1) in {sweep}; no trial completed, so Optuna has "
+                     f"no best trial (each job's error is in <job dir>/error.txt):"], err[-3000:]
+    assert "  job 0 (strategy.sigma0=" in err and "  job 1 (strategy.sigma0=" in err
+    assert "Directions: ['maximize']" in proc.stdout + err
+    assert not (sweep / "optimization_results.yaml").exists()

@@ -82,11 +82,13 @@ def test_plugin_by_name_or_target_names_the_override(plugin_env, tmp_path, overr
 
 def test_optuna_sweep_maximises_the_returned_accuracy(tmp_path):
     sweep = tmp_path / "optuna"
-    proc = essa("train", "-m", "hydra/sweeper=optuna", "hydra.sweeper.direction=maximize", "hydra.sweeper.n_trials=4",
+    # no hydra.sweeper.direction: essa's Optuna sweeper maximises by default (issue 29)
+    proc = essa("train", "-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=4",
                 "hydra.sweeper.n_jobs=1", "hydra.sweeper.sampler.seed=0",
                 "strategy.sigma0=tag(log,interval(0.01,0.3))", "strategy.population_size=choice(2,4)",
                 "rollout.prompts_per_generation=choice(2,4)", *TINY, f"hydra.sweep.dir={sweep}", timeout=1800)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert "Directions: ['maximize']" in proc.stdout + proc.stderr
     jobs = sorted((p for p in sweep.iterdir() if (p / ".hydra").is_dir()), key=lambda p: int(p.name))
     assert [p.name for p in jobs] == ["0", "1", "2", "3"]
     accs = [summary_accuracy(j) for j in jobs]

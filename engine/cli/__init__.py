@@ -7,6 +7,7 @@ Commands (engine/commands/__init__.py, one table):
     bench          population-evaluation throughput benchmark
     eval           accuracy / pass@k of a model with or without adapters
     grpo           GRPO / F-GRPO baseline (TRL)
+    lab            strategy lab: strategies on a simulated fitness landscape (compare=[{...},{...}])
     report         PNG figures + Markdown summary: essa report RUN_DIR [...] [--out DIR]
     prepare-model  convert the embedded default model once; write quantized copies
                    (--quantization int8,int4 --model PATH --force)

@@ -43,13 +43,15 @@ def run_job(command: str, cfg) -> float | None:
 
     Returns:
         The command's value for sweepers (``essa train``: held-out accuracy of the final mean genome,
-        ``essa grpo``: of the final policy, a fraction in [0, 1]), or None.
+        ``essa grpo``: of the final policy, a fraction in [0, 1]), or None. Under the Optuna sweeper a
+        job that returns None is recorded as failed (:data:`engine.results.sweeps.NO_VALUE_LINE`).
     """
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     from engine import interrupts
-    from engine.results.sweeps import clear_job_failure, error_line, record_job_failure
+    from engine.results.sweeps import (NO_VALUE_LINE, clear_job_failure, counts_none_as_failure, error_line,
+                                       record_job_failure)
 
     hc = HydraConfig.get()
     run_dir = hc.runtime.output_dir
@@ -57,7 +59,7 @@ def run_job(command: str, cfg) -> float | None:
     if multirun:
         clear_job_failure(run_dir)
     try:
-        return _sweep_value(COMMANDS[command].runner()(cfg, run_dir))
+        value = _sweep_value(COMMANDS[command].runner()(cfg, run_dir))
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as e:
@@ -76,6 +78,9 @@ def run_job(command: str, cfg) -> float | None:
             remove_refused_run_dir(run_dir, f"{hc.job.name}.log")
             fail(e)
         raise
+    if value is None and multirun and counts_none_as_failure(hc.sweeper):  # a failed trial for Optuna
+        record_job_failure(run_dir, NO_VALUE_LINE)
+    return value
 
 
 def remove_refused_run_dir(run_dir: str | Path, job_log: str) -> bool:
@@ -107,11 +112,12 @@ def run_hydra(command: str, argv: list[str]) -> None:
 
     from engine import interrupts
     from engine.commands import register_configs
-    from engine.results.sweeps import FINISHED_SWEEPS, failure_lines
+    from engine.results.sweeps import FINISHED_SWEEPS, failure_lines, register_sweeper_defaults
 
     from .overrides import precheck
 
     register_configs()
+    register_sweeper_defaults()  # hydra/sweeper=optuna maximises the returned accuracy
     try:
         precheck(command, argv)
     except USER_ERRORS as e:

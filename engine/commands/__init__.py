@@ -56,6 +56,7 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
     _hydra("bench", "population-evaluation throughput benchmark"),
     _hydra("eval", "accuracy / pass@k of a model with or without adapters"),
     _hydra("grpo", "GRPO / F-GRPO baseline (TRL)"),
+    _hydra("lab", "strategy lab: strategy settings on a simulated fitness landscape, seconds per comparison"),
     Command("report", "PNG figures + Markdown summary of run directories: essa report RUN_DIR [...]",
             "engine.results.report:cli"),
     Command("prepare-model", "convert the embedded default model once; write quantized copies "

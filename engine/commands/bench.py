@@ -428,7 +428,7 @@ def prepare(cfg) -> Bench:
     device = detect_device()
     b.dtype, dtype_reason = resolve_dtype(cfg.model.dtype, device)  # logs one line
     b.float_model = resolve_model_path(cfg.model.path)
-    b.model = serving_model_path(b.float_model, cfg.model.quantization)  # float or quantized (model.quantization)
+    b.model = serving_model_path(b.float_model, cfg.model.quantization, b.dtype)  # float or quantized copy
     b.problems = [Problem(f"bench-{i}", q, a) for i, (q, a) in enumerate(load_questions(cfg.data, b.B))]
     b.codec = bench_codec(lora_shapes(b.model), int(cfg.lora.rank), int(cfg.seed))
     settings = {"model": cfg.model.path, "model_path": b.model, "populations": b.populations,
@@ -441,8 +441,26 @@ def prepare(cfg) -> Bench:
                 "quantization": cfg.model.quantization}
     b.result = {"machine": machine_info(device), "settings": settings, "rows": [], "notes": [],
                 "loadavg_start": os.getloadavg()}
-    b.root = Path(tempfile.mkdtemp(prefix="essa-bench-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None))
+    b.root = bench_root()
     return b
+
+
+BENCH_DIR_PREFIX = "essa-bench-"
+
+
+def bench_root(parent: Path | None = None) -> Path:
+    """This bench's adapter directory ``essa-bench-<pid>-<random>`` in ``parent`` (default /dev/shm, else
+    the temp dir), after removing the ones of benches that were killed (SIGKILL, or the OOM killer)
+    before their ``finally`` ran (:func:`engine.io.remove_dead_pid_dirs`). SIGTERM unwinds :func:`main`
+    (:func:`engine.interrupts.sigterm_unwinds`) and a dead engine raises, so then ``main``'s ``finally``
+    removes the directory itself."""
+    from engine.io import pid_dir_prefix, remove_dead_pid_dirs
+
+    if parent is None:
+        parent = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else Path(tempfile.gettempdir())
+    for stale in remove_dead_pid_dirs(parent, BENCH_DIR_PREFIX):
+        log.info("removed %s, left by a bench that was killed", stale)
+    return Path(tempfile.mkdtemp(prefix=pid_dir_prefix(BENCH_DIR_PREFIX), dir=parent))
 
 
 def base_without_lora(b: Bench) -> dict[int, dict]:
@@ -485,6 +503,8 @@ def population_rows(b: Bench, plain: dict[int, dict]) -> None:
     evaluator = PopulationEvaluator(timed, b.codec, lambda texts, refs: rewards.reward(texts, refs), meta,
                                     timed.tokenizer, cfg.system_prompt, b.root)
     try:
+        from engine.evaluation.selfcheck import check_served
+        check_served(timed.backend, cfg.model.quantization, b.model, int(cfg.lora.rank))  # LoRA must apply
         prompts = evaluator.prompts(b.problems)
         generations = itertools.count()
         # warm-up: the first LoRA batch and the first base batch pay one-off costs (allocator, kernels)
@@ -581,13 +601,18 @@ def main(cfg, run_dir: str | Path | None = None) -> dict:
     Raises:
         ValueError: bad settings (:func:`engine.commands.bench_config.validate`), unreadable ``data``.
     """
-    b = prepare(cfg)
-    try:
-        plain = base_without_lora(b)
-        population_rows(b, plain)
-        naive(b)
-    finally:
-        shutil.rmtree(b.root, ignore_errors=True)
+    from engine.backends import require_vllm
+    from engine.interrupts import sigterm_unwinds
+
+    require_vllm()
+    with sigterm_unwinds():  # a SIGTERM also runs the finally below: no essa-bench-* left in /dev/shm
+        b = prepare(cfg)
+        try:
+            plain = base_without_lora(b)
+            population_rows(b, plain)
+            naive(b)
+        finally:
+            shutil.rmtree(b.root, ignore_errors=True)
     write_result(b, Path(cfg.output) if cfg.get("output") else Path(run_dir or os.getcwd()) / "bench.json")
     return b.result
 

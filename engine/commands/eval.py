@@ -45,14 +45,15 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-from omegaconf import OmegaConf
 
 from engine import io
 from engine.backends import AdapterRef, Sampling, lora_int_id
 from engine.commands.eval_config import RUN_ADAPTERS, validate
+from engine.commands.eval_drift import reference_adapters, run_drift
 from engine.config import ConfigError
 from engine.evaluation.passes import PassResult, run_pass
-from engine.lora.checks import adapter_rank, check_adapter_weights
+from engine.lora.checks import adapter_rank, check_adapter_fits, check_adapter_weights
+from engine.lora.files import adapter_specs, is_adapter_dir
 from engine.prompts import build_prompt
 from engine.results.passk import pass_at_k_fixed_set
 from engine.tasks import Problem, load_task
@@ -64,21 +65,6 @@ BASE = "no_adapter"
 
 # --- conditions --------------------------------------------------------------------------------
 
-def _adapter_specs(spec) -> list[str]:
-    if spec is None:
-        return []
-    if OmegaConf.is_config(spec):
-        spec = OmegaConf.to_container(spec, resolve=True)
-    if isinstance(spec, (str, Path)):
-        spec = [spec]
-    out = [str(s).strip() for s in spec]
-    return [s for s in out if s and s.lower() not in ("none", "null")]
-
-
-def _is_adapter_dir(p: Path) -> bool:
-    return (p / "adapter_config.json").is_file()
-
-
 def resolve_conditions(spec, include_base: bool = True) -> dict[str, Path | None]:
     """Condition name -> adapter directory (None = base model), in evaluation order.
 
@@ -89,7 +75,7 @@ def resolve_conditions(spec, include_base: bool = True) -> dict[str, Path | None
         FileNotFoundError: a path that is neither a PEFT adapter nor a run dir with adapters/.
         ConfigError: nothing to evaluate.
     """
-    entries = _adapter_specs(spec)
+    entries = adapter_specs(spec)
     conds: dict[str, Path | None] = {BASE: None} if include_base else {}
 
     def add(name: str, path: Path) -> None:
@@ -100,10 +86,10 @@ def resolve_conditions(spec, include_base: bool = True) -> dict[str, Path | None
 
     for entry in entries:
         p = Path(entry).expanduser()
-        if _is_adapter_dir(p):
+        if is_adapter_dir(p):
             add(p.name, p.resolve())
         elif (p / "adapters").is_dir():
-            found = [p / "adapters" / k for k in RUN_ADAPTERS if _is_adapter_dir(p / "adapters" / k)]
+            found = [p / "adapters" / k for k in RUN_ADAPTERS if is_adapter_dir(p / "adapters" / k)]
             if not found:
                 raise FileNotFoundError(f"adapters: run dir {p} has no adapters/mean, adapters/best (essa train) "
                                         f"or adapters/final (essa grpo) "
@@ -302,6 +288,23 @@ def write_outputs(cfg, out_dir: Path, summary: dict, conds, problems, greedy, sa
     print(f"results: {out_dir / 'eval_summary.json'}, {out_dir / 'eval_problems.parquet'}")
 
 
+def open_engine(cfg, adapter_paths: list[Path], rank: int):
+    """The eval's local engine, sized for ``adapter_paths`` (checked before it starts), on the float model
+    or its quantized copy, with the quantized base's self-check. Returns (backend, served model path)."""
+    from engine.evaluation.selfcheck import check_served
+    from engine.hardware import resolve_dtype
+    from engine.model import resolve_model_path
+
+    dtype = resolve_dtype(cfg.model.dtype, log_choice=False)[0]  # checked with the quantization (int4: not fp32)
+    model_path = resolve_model_path(cfg.model.path, cfg.model.quantization, dtype)  # quantized copy when set
+    for p in adapter_paths:  # vLLM would fail on these only after the engine started
+        check_adapter_weights(p)
+        check_adapter_fits(p, resolve_model_path(cfg.model.path))
+    backend = build_backend(cfg, model_path, len(adapter_paths), rank)
+    check_served(backend, cfg.model.quantization, model_path, rank)  # LoRA on a quantized base must apply
+    return backend, model_path
+
+
 def run_eval(cfg, out_dir: str | Path, backend=None, reward_fn=None, flexible_fn=None) -> dict:
     """Evaluate every condition on the split and write the outputs (module docstring).
 
@@ -309,7 +312,8 @@ def run_eval(cfg, out_dir: str | Path, backend=None, reward_fn=None, flexible_fn
         cfg: composed :class:`engine.commands.eval_config.EvalConfig`.
         out_dir: output directory (created).
         backend: a ready back-end (tests); None = a local vLLM engine built from cfg and closed at the end.
-        reward_fn: None = ``rewards.MathReward`` from ``cfg.reward`` (the strict accuracy).
+        reward_fn: None = the task's reward from ``cfg.task`` and ``cfg.reward`` (the strict accuracy;
+            engine/evaluation/build.py::task_reward).
         flexible_fn: None = the same with ``lenient=True`` (the flexible accuracy).
 
     Returns:
@@ -318,33 +322,38 @@ def run_eval(cfg, out_dir: str | Path, backend=None, reward_fn=None, flexible_fn
     Raises:
         ConfigError / FileNotFoundError / ValueError: bad configuration or paths (one-line messages).
     """
-    from engine.evaluation.build import math_reward
+    from engine.evaluation.build import task_reward
 
     ks = validate(cfg)
+    if backend is None:
+        from engine.backends import require_vllm
+        require_vllm()
     conds = resolve_conditions(cfg.adapters, cfg.include_base)
     problems = select_problems(cfg)
     if not problems:
         raise ValueError(f"split={cfg.split}: no problems to evaluate; check task and limit")
     adapter_paths = [p for p in conds.values() if p is not None]
-    rank = serving_rank(cfg, adapter_paths)
+    drift_refs = reference_adapters(cfg.drift.references, cfg.adapters) if cfg.drift.enabled else {}
+    lora_paths = adapter_paths + [p for p in drift_refs.values() if p is not None and p not in adapter_paths]
+    rank = serving_rank(cfg, lora_paths)
     refs = [None if p is None else AdapterRef(f"eval-{i}", lora_int_id(-1, i), str(p)) for i, p in enumerate(conds.values())]
     log.info("eval on %s/%s: %d problems x %d conditions (%s), greedy%s", cfg.task.name, cfg.split, len(problems),
              len(conds), ", ".join(conds), f" + {cfg.n} samples at T={cfg.temperature}" if cfg.n > 1 else " only")
-    reward_fn = reward_fn or math_reward(cfg.reward)
-    flexible_fn = flexible_fn or math_reward(cfg.reward, lenient=True, format_weight=0.0)
-    t_start, model_path, own = time.perf_counter(), None, backend is None
+    reward_fn = reward_fn or task_reward(cfg.task, cfg.reward)
+    flexible_fn = flexible_fn or task_reward(cfg.task, cfg.reward, lenient=True, format_weight=0.0)
+    t_start, model_path, own, drift = time.perf_counter(), None, backend is None, None
     if own:
-        for p in adapter_paths:  # vLLM would fail on these only after the engine started
-            check_adapter_weights(p)
-        from engine.model import resolve_model_path
-        model_path = resolve_model_path(cfg.model.path, cfg.model.quantization)  # quantized copy when set
-        backend = build_backend(cfg, model_path, len(adapter_paths), rank)
+        backend, model_path = open_engine(cfg, lora_paths, rank)
     try:
         greedy, sampled = decode_passes(cfg, backend, problems, refs, reward_fn, flexible_fn)
+        if cfg.drift.enabled:
+            drift = run_drift(cfg, backend, conds, drift_refs, backend.tokenizer, str(model_path), Path(out_dir))
     finally:
         if own:
             backend.close()
     summary = eval_summary(cfg, ks, conds, problems, greedy, sampled, model_path, time.perf_counter() - t_start)
+    if drift is not None:
+        summary["drift"] = drift
     write_outputs(cfg, Path(out_dir), summary, conds, problems, greedy, sampled)
     return summary
 

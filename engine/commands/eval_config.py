@@ -9,6 +9,28 @@ from engine.results.passk import check_ks, default_ks
 
 
 @dataclass
+class DriftConfig:
+    """Off-task drift (``essa eval drift.enabled=true``; engine/evaluation/drift.py): KL(reference || each
+    condition), the reference's own continuations rescored prefill-only by every condition.
+
+    enabled: measure it. sets: prompt sets, task names of conf/task/ (their held-out prompts): the eval's
+      own task for on-task KL, other math sets (``svamp``, ``gsm8k``...) as near-task, procedural tasks
+      as off-task. prompts: prompts per set (the first ones of the set's held-out split). max_tokens: the
+      continuation cap (tokens). references: ``warm_start`` (the SFT adapter a run directory among
+      ``adapters`` names in its run.json), ``base`` (the model without an adapter) or an adapter
+      directory. seed: sampling seed of the reference's continuations (cached per reference, set,
+      prompts, cap and seed under $ESSA_CACHE/drift).
+    """
+
+    enabled: bool = False
+    sets: List[str] = field(default_factory=lambda: ["svamp"])
+    prompts: int = 200
+    max_tokens: int = 128
+    references: List[str] = field(default_factory=lambda: ["warm_start", "base"])
+    seed: int = 0
+
+
+@dataclass
 class EvalConfig:
     """``essa eval`` (conf/eval.yaml).
 
@@ -47,6 +69,7 @@ class EvalConfig:
     output_dir: Optional[str] = None
     save_completions: bool = False
     label: Optional[str] = None
+    drift: DriftConfig = field(default_factory=DriftConfig)
 
 
 # The adapters a run directory exports: essa train (mean genome, best candidate), essa grpo (final policy).
@@ -82,6 +105,7 @@ def validate(cfg) -> list[int]:
     if cfg.engine.backend != "local":
         raise ConfigError(f"engine.backend={cfg.engine.backend!r}: essa eval runs one local vLLM engine; "
                           f"use engine=local")
+    check_drift(cfg.drift)
     if cfg.n == 1:
         if cfg.ks:
             raise ConfigError(f"ks={list(cfg.ks)} needs n >= max(ks) samples; set n (e.g. n={max(cfg.ks)})")
@@ -90,3 +114,16 @@ def validate(cfg) -> list[int]:
         return check_ks(list(cfg.ks), cfg.n) if cfg.ks else default_ks(cfg.n)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def check_drift(d) -> None:
+    """Raises ConfigError on a ``drift`` group that cannot measure anything."""
+    if not d.enabled:
+        return
+    if d.prompts < 1 or d.max_tokens < 1:
+        raise ConfigError(f"drift.prompts={d.prompts} / drift.max_tokens={d.max_tokens}: both must be >= 1, "
+                          "e.g. drift.prompts=200 drift.max_tokens=128")
+    if not list(d.sets):
+        raise ConfigError("drift.sets is empty: name prompt sets (task names of conf/task/), e.g. drift.sets=[svamp]")
+    if not list(d.references):
+        raise ConfigError("drift.references is empty: name the reference(s), e.g. drift.references=[warm_start,base]")

@@ -58,7 +58,8 @@ The ratios are logged per step (``is_ratio_mean``, ``is_ratio_min``, ``logp_diff
 Held-out validation, vllm path: ``engine.commands.train.validation`` (greedy, ``grpo.eval_max_tokens``) on
 the same engine through ``PopulationEvaluator.score``, exactly as ``essa train``; transformers path:
 greedy transformers ``generate`` with the current LoRA weights (batched, left padding). Both score
-with ``rewards.MathReward``.
+with the task's reward (``engine.evaluation.build.task_reward``: ``rewards.MathReward``, or a reasoning-gym
+task's own verifier), as do the rollouts (its TRL signature).
 
 Clock (``wall_s``, seconds), the same as ``engine/commands/train.py::run_train``: started right after the
 SFT warm start that ESSA, GRPO and F-GRPO share (so its cost, cached or not, is in none of them); it
@@ -133,12 +134,12 @@ class _Run:
     ``validation_problems.parquet`` through the ValidationLog ``essa train`` uses.
     """
 
-    def __init__(self, g, run_dir: Path, t_start: float, method: str, problems, accuracy):
+    def __init__(self, g, run_dir: Path, t_start: float, method: str, problems, accuracy, tracker=None):
         self.run_dir, self.accuracy = run_dir, accuracy
         self.time_budget_s, self.eval_every, self.focal_gamma = g.time_budget_s, g.eval_every, g.focal_gamma
         self.clock = clock_from(t_start)
-        self.log = ValidationLog(run_dir, method, problems, self.clock)
-        self.metrics = MetricsLog(run_dir)
+        self.log = ValidationLog(run_dir, method, problems, self.clock, tracker)
+        self.metrics = MetricsLog(run_dir, tracker)
         self.last_validated = -1
         self.eval_s = 0.0
 
@@ -210,6 +211,7 @@ class GRPOJob:
     rollouts: object = None
     tokenizer: object = None
     trainer: object = None
+    tracker: object = None  # the logger group's experiment tracker (engine/results/trackers.py)
 
     @property
     def vllm(self) -> bool:
@@ -251,6 +253,10 @@ def main(cfg, run_dir: str | Path) -> dict:
         build_trainer(job)
         run_log = start_log(job)
         step, adapter = train(job, run_log)
+    except BaseException:
+        if job.tracker is not None:
+            job.tracker.close()
+        raise
     finally:
         job.close()
     shutil.rmtree(job.run_dir / "trainer", ignore_errors=True)
@@ -263,6 +269,9 @@ def check(job: GRPOJob) -> None:
 
     cfg = job.cfg
     validate(cfg)
+    if job.vllm:
+        from engine.backends import require_vllm
+        require_vllm()  # before the warm start: one line naming the extras
     if cfg.model.quantization is not None:
         raise ConfigError(f"model.quantization={cfg.model.quantization}: essa grpo trains the float model (quantized bases "
                           "serve ES populations in train, eval and bench); drop model.quantization")
@@ -323,7 +332,7 @@ def _policy(job: GRPOJob):
 
 def _vllm_rollouts(job: GRPOJob) -> None:
     """The vllm path's rollout function (TRL ``rollout_func``) and the evaluator that validates on the engine."""
-    from engine.evaluation.build import math_reward
+    from engine.evaluation.build import task_reward
     from engine.evaluation.population import PopulationEvaluator
     from engine.grpo.rollouts import AdapterPublisher, VLLMRollouts
     from engine.lora.files import AdapterMeta
@@ -333,7 +342,7 @@ def _vllm_rollouts(job: GRPOJob) -> None:
     job.rollouts = VLLMRollouts(job.backend, job.publisher, job.tokenizer, g.max_completion_length, g.temperature,
                                 g.top_p, cfg.seed, log_dir=job.run_dir / "rollouts")
     meta = AdapterMeta(cfg.lora.rank, cfg.lora.alpha, tuple(cfg.lora.target_modules), job.model_path)
-    job.evaluator = PopulationEvaluator(job.backend, None, math_reward(cfg.reward), meta, job.tokenizer,
+    job.evaluator = PopulationEvaluator(job.backend, None, task_reward(cfg.task, cfg.reward), meta, job.tokenizer,
                                         cfg.task.system_prompt)
 
 
@@ -369,10 +378,9 @@ def build_trainer(job: GRPOJob) -> None:
     """The policy, the vllm path's rollouts, and the F-GRPO trainer over the task's training prompts."""
     from datasets import Dataset
 
-    from engine.evaluation.build import math_reward
+    from engine.evaluation.build import task_reward
     from engine.grpo.focal import focal_trainer_class
     from engine.prompts import chat_messages
-    from rewards import TrlMathReward
 
     cfg, g = job.cfg, job.cfg.grpo
     model = _policy(job)
@@ -380,7 +388,7 @@ def build_trainer(job: GRPOJob) -> None:
         _vllm_rollouts(job)
     rows = [{"prompt": chat_messages(p.question, cfg.task.system_prompt), "answer": p.answer} for p in job.task.train]
     job.trainer = focal_trainer_class()(
-        model=model, reward_funcs=[math_reward(cfg.reward, TrlMathReward)],
+        model=model, reward_funcs=[task_reward(cfg.task, cfg.reward, trl=True)],
         args=trainer_args(cfg, job.run_dir, job.dtype[0], job.vllm), train_dataset=Dataset.from_list(rows),
         processing_class=job.tokenizer, focal_gamma=g.focal_gamma, correct_threshold=g.correct_threshold,
         vllm_rollouts=job.rollouts)
@@ -391,8 +399,9 @@ def start_log(job: GRPOJob) -> _Run:
     from omegaconf import OmegaConf
 
     from engine.backends import sft_adapter_ref
-    from engine.evaluation.build import math_reward
+    from engine.evaluation.build import task_reward
     from engine.grpo.accuracy import transformers_accuracy_fn, vllm_accuracy_fn
+    from engine.results.trackers import make_tracker
     from engine.hardware import dtype_record
 
     cfg, g = job.cfg, job.cfg.grpo
@@ -407,8 +416,9 @@ def start_log(job: GRPOJob) -> _Run:
                                     g.eval_max_tokens, cfg.seed, sft_adapter_ref(job.sft_dir))
     else:
         accuracy = transformers_accuracy_fn(job.tokenizer, job.task.val, cfg.task.system_prompt, g.eval_max_tokens,
-                                            g.eval_batch_size, math_reward(cfg.reward))
-    run_log = _Run(g, job.run_dir, job.t_start, method, job.task.val, accuracy)
+                                            g.eval_batch_size, task_reward(cfg.task, cfg.reward))
+    job.tracker = make_tracker(cfg.logger, job.run_dir, meta["config"], meta["label"])
+    run_log = _Run(g, job.run_dir, job.t_start, method, job.task.val, accuracy, job.tracker)
     job.trainer.add_callback(_run_logger_class()(run_log))
     log.info("%s: gamma %.2f, %d prompts x %d rollouts per step, up to %d steps%s, generation via %s%s",
              method, g.focal_gamma, g.prompts_per_step, g.num_generations, g.max_steps,
@@ -441,7 +451,8 @@ def finish(job: GRPOJob, run_log: _Run, step: int, adapter: Path) -> dict:
     summary = final_summary(job.run_dir, stats, job.task.name, note, method=method, accuracy=final,
                             sft_accuracy=sft_acc, steps=step, wall_s=wall, eval_s=run_log.eval_s,
                             n_problems=len(job.task.val), run_dir=str(job.run_dir), adapter=str(adapter),
-                            generator=cfg.grpo.generator)
+                            generator=cfg.grpo.generator, tracker=job.tracker)
+    job.tracker.close()
     print(f"\n{method} on {job.task.name}: held-out accuracy {sft_acc:.3f} (SFT warm start) -> {final:.3f} after "
           f"{step} steps, {wall:.0f} s ({len(job.task.val)} problems, greedy); adapter {adapter}")
     return summary

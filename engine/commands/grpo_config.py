@@ -10,8 +10,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from engine.config import (ConfigError, LoRAConfig, ModelConfig, RewardConfig, SFTConfig, TaskConfig, check_context,
-                           check_lora, check_reward, check_sampling, check_sft)
+from engine.config import (ConfigError, LoggerConfig, LoRAConfig, ModelConfig, RewardConfig, SFTConfig, TaskConfig,
+                           check_context, check_logger, check_lora, check_reward, check_sampling, check_sft,
+                           check_task_reward)
 
 log = logging.getLogger("essa.grpo")
 
@@ -104,6 +105,7 @@ class GRPORunConfig:
     sft: SFTConfig = field(default_factory=SFTConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     grpo: GRPOParams = field(default_factory=GRPOParams)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)  # experiment tracker (engine/results/trackers.py)
     seed: int = 0
     label: Optional[str] = None
 
@@ -218,6 +220,25 @@ def check_training(g) -> None:
         raise ConfigError(f"grpo.importance_sampling_cap={g.importance_sampling_cap}: must be > 1, e.g. 2.0")
 
 
+def check_importance_sampling(g) -> None:
+    """Refuse top-p sampling together with TRL's importance-sampling correction on the vllm generator.
+
+    TRL divides the trainer's log-probability of each rollout token (the full softmax at the rollout
+    temperature) by the sampler's, but vLLM's comes from the top-p-truncated, renormalised
+    distribution, so the ratio is biased low wherever top-p cut the tail (TRL issues 4159 and 6789):
+    at ``grpo.temperature=0.7`` the mean ratio at step 0, where the policies are the same, was about
+    1.00 with top_p=1 and 0.96 with top_p=0.9, and the truncation/masking acts on that bias.
+
+    Raises:
+        ConfigError: ``grpo.top_p < 1`` and ``grpo.importance_sampling`` not ``none`` with
+            ``grpo.generator=vllm`` (one line naming both fields and the alternatives).
+    """
+    if g.generator == "vllm" and g.top_p < 1 and g.importance_sampling != "none":
+        raise ConfigError(f"grpo.top_p={g.top_p:g} with grpo.importance_sampling={g.importance_sampling}: the correction "
+                          "divides by top-p-truncated sampler probabilities and is biased (TRL issues 4159, 6789); use "
+                          "grpo.top_p=1.0, or grpo.importance_sampling=none, or grpo.generator=transformers")
+
+
 def validate(cfg) -> None:
     """Cross-field checks of a composed :class:`GRPORunConfig`.
 
@@ -230,12 +251,15 @@ def validate(cfg) -> None:
     check_training(g)
     check_lora(cfg.lora)
     check_sampling("grpo", g.temperature, g.top_p)
+    check_importance_sampling(g)
     if g.temperature == 0:
         raise ConfigError("grpo.temperature=0: greedy decoding makes the N rollouts of a prompt identical, so every "
                           "advantage is 0 and nothing trains; use grpo.temperature > 0, e.g. 1.0")
     check_context("model.max_model_len", cfg.model.max_model_len,
                   {"grpo.max_completion_length": g.max_completion_length, "grpo.eval_max_tokens": g.eval_max_tokens})
     check_reward(cfg.reward)
+    check_task_reward(cfg.task)
+    check_logger(cfg.logger)
     check_sft(cfg.sft)
 
 

@@ -29,6 +29,7 @@ from engine.commands.train_checkpoint import (CHECKPOINT, RunState, open_checkpo
 from engine.commands.train_config import validate
 from engine.commands.train_schedule import deadline_allows, generation_sampling, periodic_validation_due
 from engine.results.run_files import MetricsLog, ValidationLog, final_summary, run_metadata, truncate_run_logs
+from engine.search.budget import next_prompts
 from engine.tasks import Task, minibatch
 
 log = logging.getLogger("essa")
@@ -54,6 +55,9 @@ class TrainRun:
     evaluator: object = None
     validation: ValidationLog | None = None
     metrics: MetricsLog | None = None
+    tracker: object = None  # the logger group's experiment tracker (engine/results/trackers.py)
+    oracle: np.ndarray | None = None  # (D,) oracle_genome, for the mean's cosine with it
+    condition_s: float | None = None  # measured seconds of one held-out validation condition
     stopped_by: str = "generations"
     slowest_s: float = 0.0  # this invocation's slowest generation (s), for deadline_s
 
@@ -69,11 +73,12 @@ class TrainRun:
 @dataclass
 class _Progress:
     """What an interrupted run reports: its directory, the generation of the checkpoint on disk
-    (-1: none yet) and the evaluator to close."""
+    (-1: none yet) and the evaluator (and tracker) to close."""
 
     run_dir: Path | None = None
     checkpoint_generation: int = -1
     evaluator: object = None
+    tracker: object = None
 
 
 def run(cfg, run_dir) -> float | None:
@@ -120,6 +125,9 @@ def run_train(cfg, run_dir: str | Path) -> dict:
         if isinstance(exc, KeyboardInterrupt):
             raise
         raise KeyboardInterrupt(f"interrupted ({type(exc).__name__} after Ctrl-C)") from exc
+    finally:
+        if progress.tracker is not None:
+            progress.tracker.close()
 
 
 def _run_train(cfg, run_dir: str | Path, progress: _Progress) -> dict:
@@ -150,10 +158,12 @@ def open_run(run: TrainRun, progress: _Progress) -> None:
 def fail_fast(run: TrainRun):
     """Everything that can be refused before the warm start: the strategy class and its options, the
     model path, the dtypes, the quantized copy vLLM serves. Returns the strategy class."""
+    from engine.backends import require_vllm
     from engine.hardware import resolve_dtype
     from engine.model import resolve_model_path, serving_model_path
     from engine.search import check_strategy_options, strategy_class
 
+    require_vllm()  # before the warm start: one line naming the extras
     cfg = run.cfg
     strategy_cls = strategy_class(cfg.strategy)
     check_strategy_options(strategy_cls, cfg.strategy, cfg.seed)
@@ -161,7 +171,7 @@ def fail_fast(run: TrainRun):
     run.dtype = resolve_dtype(cfg.model.dtype)  # vLLM's; logs one line
     # vLLM serves the population on this checkpoint: the float model, or its quantized copy
     # (model.quantization, built once and checked here); SFT and adapters stay float
-    run.serve_path = serving_model_path(run.model_path, cfg.model.quantization)
+    run.serve_path = serving_model_path(run.model_path, cfg.model.quantization, run.dtype[0])
     return strategy_cls
 
 
@@ -173,6 +183,9 @@ def load_problems(run: TrainRun) -> None:
     if run.task.skipped:
         log.warning("task %s: skipped rows without a usable answer: %s", run.task.name, run.task.skipped)
     log.info("task %s: %d train / %d val problems", run.task.name, len(run.task.train), len(run.task.val))
+    if run.cfg.rollout.fitness == "likelihood" and not all(p.solution for p in run.task.train):
+        raise ValueError(f"rollout.fitness=likelihood: task {run.task.name!r} has training problems without a worked "
+                         "solution to score; use a task with solutions (task=arithmetic, gsm8k) or rollout.fitness=reward")
 
 
 def warm_start_phase(run: TrainRun) -> None:
@@ -204,6 +217,7 @@ def build_search_phase(run: TrainRun, strategy_cls) -> None:
         truncate_run_logs(run.run_dir, run.state.generation)  # only once the whole checkpoint has loaded
     log.info("genome %s: D = %d; strategy %s, P = %d", cfg.strategy.genome.kind, run.codec.dim,
              strategy_cls.__name__, run.P)
+    run.oracle = load_oracle(cfg.oracle_genome, run.codec.dim)
     if run.ckpt is None:
         from omegaconf import OmegaConf
         meta = run_metadata(method_name(cfg.strategy), cfg.label, cfg.model.path, run.model_path, cfg.task.name,
@@ -214,30 +228,77 @@ def build_search_phase(run: TrainRun, strategy_cls) -> None:
         io.write_json(run.run_dir / "run.json", meta)
 
 
+def load_oracle(path: str | None, dim: int) -> np.ndarray | None:
+    """The (D,) genome of ``oracle_genome`` (a .npy file), or None.
+
+    Raises:
+        ValueError: unreadable, or not a finite vector of the genome's length D (one line, with the fix).
+    """
+    if not path:
+        return None
+    try:
+        x = np.load(path)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"oracle_genome={path}: not a readable .npy file ({type(e).__name__}); pass the genome "
+                         f"tools/genome_capacity.py saved, or drop oracle_genome") from None
+    if x.shape != (dim,) or not np.isfinite(x).all():
+        raise ValueError(f"oracle_genome={path}: shape {x.shape}, expected ({dim},) finite values (this run's genome "
+                         "length D); pass the oracle of the same genome (strategy.genome, lora.rank)")
+    return x.astype(np.float64)
+
+
 def build_evaluator_phase(run: TrainRun, progress: _Progress) -> None:
     """The population evaluator (``engine.backend``: local vLLM or Ray actors) and the run's logs."""
     from transformers import AutoTokenizer
 
-    from engine.evaluation.build import build_evaluator, math_reward
+    from omegaconf import OmegaConf
+
+    from engine.evaluation.build import build_evaluator, task_reward
     from engine.lora.files import AdapterMeta
+    from engine.results.run_files import hydra_overrides, run_label
+    from engine.results.trackers import make_tracker
     from engine.search import method_name
 
     cfg = run.cfg
     tokenizer = AutoTokenizer.from_pretrained(run.model_path)
     meta = AdapterMeta(cfg.lora.rank, cfg.lora.alpha, tuple(cfg.lora.target_modules), run.model_path)
     run.evaluator = progress.evaluator = build_evaluator(
-        cfg.engine, cfg.model, run.serve_path, run.codec, meta, tokenizer, math_reward(cfg.reward),
-        cfg.task.system_prompt, cfg.seed, adapters_per_batch=run.P + 2)
-    run.metrics = MetricsLog(run.run_dir)
-    run.validation = ValidationLog(run.run_dir, method_name(cfg.strategy), run.task.val, run.clock)
+        cfg.engine, cfg.model, run.serve_path, run.codec, meta, tokenizer, task_reward(cfg.task, cfg.reward),
+        cfg.task.system_prompt, cfg.seed, adapters_per_batch=run.P + 2, dense=cfg.rollout.dense != "off")
+    run.tracker = progress.tracker = make_tracker(cfg.logger, run.run_dir, OmegaConf.to_container(cfg, resolve=True),
+                                                  run_label(method_name(cfg.strategy), cfg.label, hydra_overrides()))
+    run.metrics = MetricsLog(run.run_dir, run.tracker)
+    run.validation = ValidationLog(run.run_dir, method_name(cfg.strategy), run.task.val, run.clock, run.tracker)
 
 
 def validate_held_out(run: TrainRun, step: int, conditions: dict[str, AdapterRef | None]) -> None:
-    """Score ``conditions`` on the held-out problems in one engine call and log them at ``step``."""
+    """Score ``conditions`` on the held-out problems in one engine call and log them at ``step``; keeps
+    the measured seconds per condition for ``deadline_s``'s projection."""
     from engine.evaluation.validation import held_out_rewards
 
+    t0 = time.perf_counter()
     rewards = held_out_rewards(run.evaluator, conditions, run.task.val, run.cfg.eval.max_tokens, run.cfg.seed)
+    run.condition_s = (time.perf_counter() - t0) / max(len(conditions), 1)
     run.validation.add(step, rewards)
+
+
+def base_model_rewards(run: TrainRun) -> dict[str, np.ndarray]:
+    """``{"no_adapter": (N,) rewards}`` of the held-out problems, from the baseline cache when an earlier
+    run scored the same model, dtype, problems and decoding (engine/evaluation/validation.py)."""
+    from engine.backends.fast_lora.plugin import vllm_version
+    from engine.evaluation.validation import cached_rewards, held_out_rewards
+    from engine.model import cache_dir
+
+    cfg = run.cfg
+    key = {"model": run.serve_path, "dtype": run.dtype[0], "system_prompt": cfg.task.system_prompt,
+           "max_tokens": cfg.eval.max_tokens, "problems": [(p.id, p.question, p.answer) for p in run.task.val],
+           "vllm": vllm_version()}
+    rewards, hit = cached_rewards(cache_dir() / "baselines", key, lambda: held_out_rewards(
+        run.evaluator, {"no_adapter": None}, run.task.val, cfg.eval.max_tokens, cfg.seed))
+    if hit:
+        log.info("validation step 0: the base model's held-out rewards from the baseline cache (same model, dtype, "
+                 "problems and decoding)")
+    return rewards
 
 
 def mean_ref(run: TrainRun, g: int) -> AdapterRef:
@@ -254,11 +315,14 @@ def save_checkpoint(run: TrainRun, progress: _Progress) -> None:
 
 
 def baselines(run: TrainRun, progress: _Progress) -> None:
-    """Step 0 of a new run: no adapter and the SFT warm start (``eval.baselines``). A resumed run whose
-    periodic validation after its checkpointed generation was interrupted redoes it first."""
+    """Step 0 of a new run (``eval.baselines``): the base model without an adapter, scored once per model,
+    dtype, task and decoding and cached (``$ESSA_CACHE/baselines``). The warm start is scored once, in
+    the final engine call beside the exports, where the paired test needs it; genome zero is the warm
+    start, so the mean genome's curve starts there. A resumed run whose periodic validation after its
+    checkpointed generation was interrupted redoes it first."""
     cfg, state = run.cfg, run.state
     if run.ckpt is None and cfg.eval.baselines:
-        validate_held_out(run, 0, {"no_adapter": None, "sft": sft_adapter_ref(run.sft_dir)})
+        run.validation.add(0, base_model_rewards(run))
     if (run.ckpt is not None and periodic_validation_due(state.generation, cfg, state.wall_s)
             and not run.validation.has_step(state.generation + 1)):
         log.info("resume: validation step %d was interrupted; running it again", state.generation + 1)
@@ -292,22 +356,28 @@ def evolve(run: TrainRun, progress: _Progress) -> None:
 
 def generation(run: TrainRun, g: int):
     """One generation: ask P candidates, evaluate them (and the centre) on the generation's minibatch in
-    one batch, tell the fitness, log metrics and rollouts. Returns (EvalResult, metrics row)."""
-    from engine.evaluation.population import question_z_fitness
+    one batch, tell the (shaped) fitness, pull the mean back (``strategy.mean_decay``), log metrics and
+    rollouts. Returns (EvalResult, metrics row)."""
+    from engine.evaluation.population import shaped_fitness
 
     cfg, P, strategy = run.cfg, run.P, run.strategy
     t0 = time.perf_counter()
     genomes = strategy.ask()  # (P, D)
     t_ask = time.perf_counter() - t0
-    batch = minibatch(run.task.train, cfg.rollout.prompts_per_generation, cfg.seed, g)
+    n_prompts = run.state.prompts or cfg.rollout.prompts_per_generation
+    batch = minibatch(run.task.train, n_prompts, cfg.seed, g)
     # the centre (the mean genome, index P) shares the prompts and sampling seeds: a paired control
     evaluated = np.vstack([genomes, strategy.mean[None, :]]) if cfg.rollout.center else genomes
-    result = run.evaluator.evaluate(evaluated, batch, g, generation_sampling(cfg.rollout, cfg.seed, g))
+    if cfg.rollout.fitness == "likelihood":  # the worked solutions' log-likelihood, prefill only
+        result = run.evaluator.evaluate_likelihood(evaluated, batch, g)
+    else:
+        result = run.evaluator.evaluate(evaluated, batch, g, generation_sampling(cfg.rollout, cfg.seed, g))
     fit = result.fitness[:P]  # (P,) mean reward of each candidate
     t1 = time.perf_counter()
     if np.isfinite(fit).any():
-        shaped = fit if cfg.rollout.aggregate == "mean" else question_z_fitness(result.rewards[:P])
-        strategy.tell(genomes, shaped)
+        r = cfg.rollout
+        strategy.tell(genomes, shaped_fitness(result, P, r.aggregate, r.dense, r.dense_weight))
+        strategy.shrink_mean(1.0 - cfg.strategy.mean_decay)
         _keep_best(run.state, genomes, fit, g)
     else:  # nothing scorable: an update would be meaningless; the next ask re-samples
         log.warning("gen %d: no candidate could be scored (all fitness NaN); strategy not updated", g)
@@ -315,13 +385,26 @@ def generation(run: TrainRun, g: int):
     result.rollouts["center"] = [c == P for c in result.rollouts["candidate"]]
     io.write_parquet(run.run_dir / "rollouts" / f"gen_{g:06d}.parquet", result.rollouts)
     row = generation_row(g, run.clock(), result, P, strategy.sigma, t_ask, t_tell)
+    row.update(search_row(run, n_prompts))
     run.metrics.add(row)
     log.info("gen %d (%d of %d)  fitness mean %.3f max %.3f centre %.3f  split-half rho %.2f  sigma %.4f  "
              "%d tok  %.0f tok/s  %.1fs", g, g + 1, cfg.generations, row["fitness_mean"], row["fitness_max"],
              row["fitness_center"], row["split_half_rho"], row["sigma"], row["tokens"], row["tokens_per_s"],
              row["t_generate"])
     run.state.generation = g
+    run.state.prompts = next_prompts(cfg.rollout, n_prompts, row["split_half_rho"])
     return result, row
+
+
+def search_row(run: TrainRun, n_prompts: int) -> dict:
+    """Where the search stands after a generation: N, the mean genome's distance from genome zero
+    (``mean_norm``, the drift), its cosine with ``oracle_genome`` when one is given."""
+    mean = run.strategy.mean
+    row = {"prompts": n_prompts, "mean_norm": float(np.linalg.norm(mean - run.strategy.x0))}
+    if run.oracle is not None:
+        denom = np.linalg.norm(mean) * np.linalg.norm(run.oracle)
+        row["mean_cos_oracle"] = float(mean @ run.oracle / denom) if denom > 0 else float("nan")
+    return row
 
 
 def _keep_best(state: RunState, genomes: np.ndarray, fit: np.ndarray, g: int) -> None:
@@ -337,7 +420,7 @@ def _deadline_stops(run: TrainRun, g: int, result, row: dict) -> bool:
     elapsed = time.perf_counter() - run.t_command
     per_completion = result.tokens / max(len(result.rollouts["candidate"]), 1)
     if g + 1 >= cfg.generations or deadline_allows(cfg, g + 1, elapsed, run.slowest_s, per_completion,
-                                                   row["tokens_per_s"], len(run.task.val)):
+                                                   row["tokens_per_s"], len(run.task.val), run.condition_s):
         return False
     run.stopped_by = "deadline_s"
     log.info("deadline_s %.0f: stopping after gen %d (%d of %d) (%.0f s elapsed; a generation takes %.0f s, then "
@@ -364,31 +447,74 @@ def generation_row(g: int, wall_s: float, result, P: int, sigma: float, t_ask: f
            "tokens": result.tokens, "tokens_per_s": result.tokens / max(tm.get("generate", 0.0), 1e-9),
            "t_ask": t_ask, "t_decode": tm.get("decode", 0.0), "t_write": tm.get("write", 0.0),
            "t_generate": tm.get("generate", 0.0), "t_reward": tm.get("reward", 0.0), "t_tell": t_tell}
+    if result.dense is not None:
+        from engine.evaluation.population import candidate_dense
+
+        d = candidate_dense(result.dense)  # (P [+ centre],) mean log p of the reference answer, nats
+        row.update(dense_mean=float(np.nanmean(d[:P])), dense_max=float(np.nanmax(d[:P])),
+                   dense_center=float(d[P]) if len(d) > P else float("nan"))
     row.update({f"t_{k}": v for k, v in tm.items() if f"t_{k}" not in row})
     return row
 
 
 def finish(run: TrainRun) -> dict:
     """Export the mean and best genomes (PEFT), validate them beside the SFT warm start in one final
-    engine call, print the table, write summary.json and the report."""
+    engine call (and, with ``eval.samples``, sample the warm start and the mean genome), print the
+    table, write summary.json and the report."""
     cfg, state = run.cfg, run.state
     final_step = state.generation + 1  # = generations, or fewer when a budget stopped the run
     conds = _export_adapters(run, final_step)
+    sampled = None
     if final_step > 0:
         validate_held_out(run, final_step, conds)
+        sampled = sampled_metrics(run, {k: conds[k] for k in ("sft", "mean") if k in conds})
     run.evaluator.close()
     same_call = cfg.eval.baselines and final_step > 0
     summary = final_summary(run.run_dir, run.validation.summary(), run.task.name,
                             "re-scored in the final engine call, beside the exports" if same_call else "",
                             n_problems=len(run.task.val), generations=final_step, stopped_by=run.stopped_by,
-                            wall_s=run.clock())
+                            wall_s=run.clock(), tracker=run.tracker, **({"sampled": sampled} if sampled else {}))
+    if sampled:
+        print(format_sampled(sampled))
     if run.stopped_by != "generations":
         print(f"stopped by {run.stopped_by} after {final_step} of {cfg.generations} generations")
     if cfg.report:
         from engine.results.report import make_report
-        make_report([run.run_dir], run.run_dir / "report")
+        figures = make_report([run.run_dir], run.run_dir / "report")
+        run.tracker.log_images({p.stem: p for p in figures if p.suffix == ".png"})
+    run.tracker.close()
     return {"val": summary["val"], "val_ci95": summary["val_ci95"], "paired_vs_sft": summary["paired_vs_sft"],
             "n_problems": summary["n_problems"], "run_dir": str(run.run_dir)}
+
+
+def sampled_metrics(run: TrainRun, conds: dict[str, AdapterRef | None]) -> dict | None:
+    """mean@n and pass@n (unbiased, Chen et al. 2021 Eq. 1) of ``conds`` on the first ``eval.sample_problems``
+    held-out problems, ``eval.samples`` answers each at ``eval.sample_temperature``, in one engine call;
+    None when ``eval.samples`` is 0. A sample that could not be scored counts as wrong."""
+    from engine.backends import Sampling
+    from engine.results.passk import pass_at_k
+
+    e = run.cfg.eval
+    if not e.samples or not conds:
+        return None
+    problems = run.task.val[: e.sample_problems]
+    sampling = Sampling(max_tokens=e.max_tokens, temperature=e.sample_temperature, n=e.samples,
+                        seed=run.cfg.seed + 7919, common_seeds=True)
+    rewards, *_ = run.evaluator.score(list(conds.values()), problems, sampling)  # (A, N, n)
+    correct = (np.nan_to_num(rewards) > 0.5).sum(axis=2)  # (A, N)
+    return {name: {"mean_at_n": float(np.nan_to_num(rewards[a]).mean()),
+                   "pass_at_n": float(pass_at_k(e.samples, correct[a], e.samples).mean()),
+                   "n": int(e.samples), "temperature": float(e.sample_temperature), "n_problems": len(problems)}
+            for a, name in enumerate(conds)}
+
+
+def format_sampled(sampled: dict) -> str:
+    """One line per condition: mean@n and pass@n of the sampled pass."""
+    any_row = next(iter(sampled.values()))
+    head = (f"sampled (T {any_row['temperature']:g}, n {any_row['n']}, first {any_row['n_problems']} held-out problems, "
+            f"common seeds):")
+    return "\n".join([head] + [f"  {name:<6} mean@{r['n']} {r['mean_at_n']:.3f}   pass@{r['n']} {r['pass_at_n']:.3f}"
+                                for name, r in sampled.items()])
 
 
 def _export_adapters(run: TrainRun, final_step: int) -> dict[str, AdapterRef | None]:

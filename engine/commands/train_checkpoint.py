@@ -29,13 +29,16 @@ RESUME_KEYS = ("model", "task", "lora", "sft", "strategy", "rollout", "seed")
 @dataclass
 class RunState:
     """What a checkpoint restores besides the strategy: the last finished generation (-1 = none), the run
-    clock (s), and the best candidate so far (fitness, (D,) float64 genome, its generation)."""
+    clock (s), the best candidate so far (fitness, (D,) float64 genome, its generation) and the next
+    generation's number of prompts. A field added later is absent from older checkpoints: it takes its
+    default, which reproduces the older behaviour."""
 
     generation: int = -1
     wall_s: float = 0.0
     best_fitness: float = -np.inf
     best_genome: np.ndarray | None = None
     best_generation: int = -1
+    prompts: int = 0  # the next generation's N under rollout.adaptive_prompts (0 = rollout.prompts_per_generation)
 
 
 class _RunStateV1:
@@ -84,7 +87,8 @@ def checkpoint_state(ckpt: dict, run_dir: Path) -> RunState:
     state = ckpt.get("run_state")
     fields = vars(state) if isinstance(state, _RunStateV1) else state
     names = {f.name for f in dataclasses.fields(RunState)}
-    if not isinstance(fields, dict) or set(fields) != names or not isinstance(ckpt.get("strategy"), dict):
+    if (not isinstance(fields, dict) or not set(fields) <= names or "generation" not in fields
+            or not isinstance(ckpt.get("strategy"), dict)):
         raise ValueError(f"resume: {run_dir / CHECKPOINT} is incomplete (no run state or strategy state); "
                          "start afresh without resume")
     return RunState(**fields)

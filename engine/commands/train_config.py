@@ -7,13 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from engine.config import (ConfigError, EngineConfig, LoRAConfig, ModelConfig, RewardConfig, SFTConfig,
-                           StrategyConfig, TaskConfig, check_context, check_engine, check_lora, check_reward,
-                           check_sampling, check_sft, check_strategy)
+from engine.config import (ConfigError, EngineConfig, LoggerConfig, LoRAConfig, ModelConfig, RewardConfig, SFTConfig,
+                           SignalConfig, StrategyConfig, TaskConfig, check_context, check_engine, check_logger,
+                           check_lora, check_reward, check_sampling, check_sft, check_signal, check_strategy,
+                           check_task_reward)
 
 
 @dataclass
-class RolloutConfig:
+class RolloutConfig(SignalConfig):
     """Sampling of one generation (ESSA §3.3).
 
     prompts_per_generation: N, a fresh minibatch each generation shared by all candidates.
@@ -26,6 +27,14 @@ class RolloutConfig:
     common_seeds: at temperature > 0, every candidate (and the centre) samples a prompt with the same
       seed, so fitness differences come from the weights, not the sampling noise (common random
       numbers; ``Sampling.common_seeds``). False: (candidate, prompt) request i gets seed + i.
+    fitness: ``reward`` (the rollouts' verified answers, ESSA §3.3) or ``likelihood``: no rollouts, each
+      candidate's fitness is the mean log-probability per token of the minibatch's worked solutions,
+      scored prefill-only in one multi-LoRA batch (``PopulationEvaluator.solution_likelihood``; a dense,
+      supervised signal: the warm start's own loss, which the gradient oracle optimises; zeroth-order
+      likelihood search as in EA4LLM, arXiv 2510.10603). Needs a task with worked solutions; validation
+      stays greedy accuracy. The sampling fields and ``dense`` do not apply to it.
+    The fitness-signal levers (dense, dense_weight, adaptive_prompts, noise_rho,
+    max_prompts_per_generation): engine/config.py ``SignalConfig``, shared with ``essa lab``.
     """
 
     prompts_per_generation: int = 16
@@ -36,18 +45,26 @@ class RolloutConfig:
     center: bool = True
     aggregate: str = "mean"
     common_seeds: bool = True
+    fitness: str = "reward"
 
 
 @dataclass
 class ValidationConfig:
     """The ``eval`` group of ``essa train``: held-out validation every ``every`` generations (0 = only
-    at start and end) on the task's val split, greedy, ``max_tokens`` new tokens. ``baselines``: no
-    adapter and the SFT adapter at step 0, and the SFT adapter again in the final call beside the
-    exports (the paired test's control). Not the ``essa eval`` command (engine/commands/eval_config.py)."""
+    at start and end) on the task's val split, greedy, ``max_tokens`` new tokens. ``baselines``: the
+    base model at step 0 (cached) and the SFT adapter in the final call beside the exports (the paired
+    test's control). ``samples`` > 0: the final call also samples ``samples`` answers per problem at
+    ``sample_temperature`` for the warm start and the mean genome on the first ``sample_problems``
+    held-out problems, and reports mean@n and pass@n beside greedy accuracy (ES gains show more in
+    sampled metrics than in greedy accuracy: understanding-es, arXiv 2608.27351). Not the ``essa eval``
+    command (engine/commands/eval_config.py)."""
 
     every: int = 5
     max_tokens: int = 128
     baselines: bool = True
+    samples: int = 0
+    sample_temperature: float = 0.7
+    sample_problems: int = 100
 
 
 @dataclass
@@ -58,7 +75,11 @@ class TrainConfig:
     many seconds of the run clock (equal-clock comparisons). deadline_s: wall-clock limit (s) of the
     whole command, warm start included: a generation starts only if it and the validations still due
     fit. resume: a run directory to continue from its checkpoint. label: the name in reports.
-    report: render figures and report.md at the end.
+    report: render figures and report.md at the end. oracle_genome: a (D,) .npy genome (e.g. the
+    gradient oracle's, tools/genome_capacity.py) whose cosine with the strategy mean is logged per
+    generation (``mean_cos_oracle``), to tell a search that moves toward a gain from a random walk.
+    logger: an experiment tracker the metrics, validations, summary, figures and config also go to
+    (``logger=tensorboard|mlflow|wandb``; engine/results/trackers.py).
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -70,6 +91,7 @@ class TrainConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     eval: ValidationConfig = field(default_factory=ValidationConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
     seed: int = 0
     generations: int = 10
     time_budget_s: Optional[float] = None
@@ -77,6 +99,7 @@ class TrainConfig:
     resume: Optional[str] = None
     label: Optional[str] = None
     report: bool = True
+    oracle_genome: Optional[str] = None
 
 
 SCHEMA = TrainConfig
@@ -101,6 +124,13 @@ def check_rollout(r) -> None:
     check_sampling("rollout", r.temperature, r.top_p)
     if r.aggregate not in ("mean", "question_z"):
         raise ConfigError(f"rollout.aggregate={r.aggregate!r}: use mean (ESSA) or question_z (per-prompt z-scores)")
+    check_signal(r, r.prompts_per_generation, "rollout.prompts_per_generation")
+    if r.fitness not in ("reward", "likelihood"):
+        raise ConfigError(f"rollout.fitness={r.fitness!r}: use reward (verified answers) or likelihood (the worked "
+                          "solutions' log-likelihood)")
+    if r.fitness == "likelihood" and r.dense != "off":
+        raise ConfigError(f"rollout.dense={r.dense} scores rollouts, and rollout.fitness=likelihood makes none; "
+                          "set rollout.dense=off or rollout.fitness=reward")
 
 
 def check_run_control(cfg) -> None:
@@ -114,6 +144,10 @@ def check_run_control(cfg) -> None:
     if cfg.eval.every < 0 or cfg.eval.max_tokens < 1:
         raise ConfigError(f"eval.every={cfg.eval.every} / eval.max_tokens={cfg.eval.max_tokens}: every must be >= 0 "
                           "(0 = only at the start and end), max_tokens >= 1")
+    if cfg.eval.samples < 0 or cfg.eval.sample_problems < 1 or not cfg.eval.sample_temperature > 0:
+        raise ConfigError(f"eval.samples={cfg.eval.samples} / eval.sample_problems={cfg.eval.sample_problems} / "
+                          f"eval.sample_temperature={cfg.eval.sample_temperature}: samples >= 0 (0 = off), "
+                          "sample_problems >= 1, sample_temperature > 0")
 
 
 def validate(cfg) -> None:
@@ -128,7 +162,15 @@ def validate(cfg) -> None:
     check_rollout(cfg.rollout)
     check_sft(cfg.sft)
     check_reward(cfg.reward)
+    check_task_reward(cfg.task)
+    if cfg.rollout.dense != "off" and cfg.task.gym.answer_format == "answer_tag":
+        raise ConfigError(f"rollout.dense={cfg.rollout.dense}: the dense reward scores the reference inside \\boxed{{}}, "
+                          "which task.gym.answer_format=answer_tag (countdown) never writes; use rollout.dense=off")
+    check_logger(cfg.logger)
     check_context("model.max_model_len", cfg.model.max_model_len,
                   {"rollout.max_tokens": cfg.rollout.max_tokens, "eval.max_tokens": cfg.eval.max_tokens})
     per_batch = cfg.strategy.population_size + int(cfg.rollout.center)  # the centre is one more adapter
     check_engine(cfg.engine, per_batch)
+    if cfg.rollout.fitness == "likelihood" and cfg.engine.backend == "ray":
+        raise ConfigError("rollout.fitness=likelihood runs on the local engine only (the Ray actors score rollouts); "
+                          "set engine=local or rollout.fitness=reward")

@@ -28,16 +28,19 @@ def periodic_validation_due(g: int, cfg, wall_s: float) -> bool:
 
 
 def deadline_allows(cfg, g: int, elapsed_s: float, generation_s: float, tokens_per_completion: float,
-                    tokens_per_s: float, n_val: int) -> bool:
+                    tokens_per_s: float, n_val: int, condition_s: float | None = None) -> bool:
     """Whether generation ``g`` may run under ``cfg.deadline_s``, decided right after generation
     ``g - 1`` ended, ``elapsed_s`` seconds after the command started.
 
     The projection: this invocation's slowest generation so far (``generation_s``), plus the
     held-out validations still to come: the periodic ones due after ``g - 1`` (not run yet: it is
     skipped when the run stops, the final call covers it) and after ``g`` (the mean genome), and the
-    final call (the SFT warm start when ``eval.baselines``, the mean and the best genome). A
-    validation condition is priced from the last generation: ``n_val`` problems x
-    ``tokens_per_completion`` (capped at ``eval.max_tokens``) / ``tokens_per_s``. Why: ``make run``
+    final call (the SFT warm start when ``eval.baselines``, the mean and the best genome, and with
+    ``eval.samples`` the sampled pass of the warm start and the mean). A validation condition is priced
+    from the last generation: ``n_val`` problems x ``tokens_per_completion`` (capped at
+    ``eval.max_tokens``) / ``tokens_per_s``, or, when a validation of this invocation was timed,
+    ``condition_s`` seconds each (the only price under ``rollout.fitness=likelihood``, whose generations
+    decode nothing); the sampled pass as 2 x ``sample_problems`` x ``samples`` completions. Why: ``make run``
     must end within its wall-clock limit on a slow CPU too (issue 10: fp32 on AVX2 generates ~160
     tok/s against ~650 with native bf16), and the final table is what the user waits for.
     """
@@ -45,5 +48,9 @@ def deadline_allows(cfg, g: int, elapsed_s: float, generation_s: float, tokens_p
         return True
     periodic = int(g > 0 and periodic_validation_due(g - 1, cfg, 0.0)) + int(periodic_validation_due(g, cfg, 0.0))
     conditions = int(bool(cfg.eval.baselines)) + 2 + periodic
-    val_s = conditions * n_val * min(tokens_per_completion, cfg.eval.max_tokens) / max(tokens_per_s, 1e-9)
+    completions = conditions * n_val + 2 * min(cfg.eval.sample_problems, n_val) * cfg.eval.samples
+    if condition_s is not None:
+        val_s = condition_s * completions / max(n_val, 1)
+    else:
+        val_s = completions * min(tokens_per_completion, cfg.eval.max_tokens) / max(tokens_per_s, 1e-9)
     return elapsed_s + generation_s + val_s <= cfg.deadline_s

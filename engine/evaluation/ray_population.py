@@ -160,8 +160,20 @@ def claim_cpu_slot(max_slots: int = 1024):
 
 
 def merge_rollouts(parts: Sequence[dict[str, list]]) -> dict[str, list]:
-    """Concatenate rollout column dicts (shards already in candidate order)."""
-    return {k: [v for p in parts for v in p[k]] for k in ROLLOUT_COLUMNS}
+    """Concatenate rollout column dicts (shards already in candidate order); the optional ``dense``
+    column is kept when any shard has it (NaN for the rows of a shard without it: a failed one)."""
+    merged = {k: [v for p in parts for v in p[k]] for k in ROLLOUT_COLUMNS}
+    if any("dense" in p for p in parts):
+        merged["dense"] = [v for p in parts for v in p.get("dense", [float("nan")] * len(p["candidate"]))]
+    return merged
+
+
+def merge_dense(parts: Sequence[EvalResult]) -> np.ndarray | None:
+    """The shards' (P_k, N, G) dense scores as one (P, N, G) array (NaN for a shard without them), or
+    None when no shard scored them."""
+    if all(p.dense is None for p in parts):
+        return None
+    return np.concatenate([p.dense if p.dense is not None else np.full(p.rewards.shape, np.nan) for p in parts])
 
 
 def failed_shard(genomes: np.ndarray, problems: Sequence, generation: int, first_candidate: int,
@@ -201,6 +213,7 @@ class EvaluatorActor:
         reward_fn: picklable ``f(completions, references) -> list[RewardResult]``.
         meta: adapter metadata.
         system_prompt: system message of every prompt.
+        dense: the actors also score every rollout's dense reward (``PopulationEvaluator.dense_scores``).
         engine_kwargs: ``VLLMBackend`` keyword arguments (``engine.backends.vllm_local.backend_kwargs``).
         adapter_root: parent of this actor's adapter directory (None = /dev/shm or temp).
         run_token: unique per driver; names this actor's adapter directory.
@@ -214,7 +227,8 @@ class EvaluatorActor:
 
     def __init__(self, index: int, model_path: str, model_spec: str, codec, reward_fn: Callable,
                  meta: AdapterMeta, system_prompt: str, engine_kwargs: dict, adapter_root: str | None,
-                 run_token: str, cpu_cores: int = 1, fault: tuple | None = None, quantization: str | None = None):
+                 run_token: str, cpu_cores: int = 1, fault: tuple | None = None, quantization: str | None = None,
+                 dense: bool = False):
         t0 = time.perf_counter()
         self.index, self.fault = index, fault
         from engine.backends.vllm_local import VLLMBackend, is_cpu_platform
@@ -243,7 +257,8 @@ class EvaluatorActor:
 
         self.backend = VLLMBackend(model_path, **engine_kwargs)
         tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.evaluator = PopulationEvaluator(self.backend, codec, reward_fn, meta, tokenizer, system_prompt, root)
+        self.evaluator = PopulationEvaluator(self.backend, codec, reward_fn, meta, tokenizer, system_prompt, root,
+                                             dense=dense)
         self.startup_s = time.perf_counter() - t0
 
     def info(self) -> dict:
@@ -382,6 +397,7 @@ class RayPopulationEvaluator:
         meta: adapter metadata.
         reward_fn: picklable reward function (rewards.MathReward).
         system_prompt: system message of every prompt.
+        dense: the actors also score every rollout's dense reward (``PopulationEvaluator.dense_scores``).
 
     Connects to Ray with :func:`connect_ray`: ``engine.address`` when set (``"auto"`` or
     ``host:port``), else a running cluster (``RAY_ADDRESS`` or ``ray start``) when there is one, else
@@ -396,7 +412,7 @@ class RayPopulationEvaluator:
     """
 
     def __init__(self, engine, engine_kwargs: dict, model_path: str, model_spec: str, quantization: str | None,
-                 codec, meta: AdapterMeta, reward_fn: Callable, system_prompt: str):
+                 codec, meta: AdapterMeta, reward_fn: Callable, system_prompt: str, dense: bool = False):
         e = engine
         self.num_actors = int(e.num_actors)
         self._owns_ray = False
@@ -434,7 +450,7 @@ class RayPopulationEvaluator:
                               max_task_retries=0, name=f"essa-{self._run_token}-a{k}").remote(
                 k, str(model_path), str(model_spec), codec_ref, reward_fn, meta, str(system_prompt),
                 engine_kwargs, e.adapter_dir, self._run_token, max(1, int(round(e.cpus_per_actor))), fault,
-                quantization=quantization)
+                quantization=quantization, dense=dense)
             for k in range(self.num_actors)]
         self._alive = set(range(self.num_actors))
         self._recovering: dict[int, ray.ObjectRef] = {}  # actor -> info() ping submitted after a death
@@ -559,7 +575,8 @@ class RayPopulationEvaluator:
         out = self._dispatch(submit, len(shards), f"generation {generation}", describe)
         wall = time.perf_counter() - t0
         parts, per_actor = [], collections.defaultdict(lambda: {"busy_s": 0.0, "tokens": 0, "generate": 0.0,
-                                                                "decode": 0.0, "write": 0.0, "reward": 0.0})
+                                                                "decode": 0.0, "write": 0.0, "reward": 0.0,
+                                                                "dense": 0.0})
         for s, r in enumerate(out):
             if r is None:
                 a, b = shards[s]
@@ -570,14 +587,15 @@ class RayPopulationEvaluator:
             acc = per_actor[k]
             acc["busy_s"] += stats["busy_s"]
             acc["tokens"] += res.tokens
-            for key in ("generate", "decode", "write", "reward"):
+            for key in ("generate", "decode", "write", "reward", "dense"):
                 acc[key] += res.timings.get(key, 0.0)
         timings = {key: max((acc[key] for acc in per_actor.values()), default=0.0)
-                   for key in ("decode", "write", "generate", "reward")}
+                   for key in ("decode", "write", "generate", "reward", "dense")}
         timings.update(self._actor_timings(per_actor, wall))
         timings["shard_retries"] = float(self.shard_retries - retries0)
         return EvalResult(np.concatenate([p.fitness for p in parts]), np.concatenate([p.rewards for p in parts]),
-                          merge_rollouts([p.rollouts for p in parts]), timings, int(sum(p.tokens for p in parts)))
+                          merge_rollouts([p.rollouts for p in parts]), timings, int(sum(p.tokens for p in parts)),
+                          merge_dense(parts))
 
     def _actor_timings(self, per_actor: dict, wall: float) -> dict[str, float]:
         """``ray_wall`` and per actor ``actor{k}_tokens_per_s`` / ``actor{k}_idle_s`` (all actors, every call,

@@ -5,7 +5,10 @@ accuracies come from the same code, decoding and reward (docs/ARCHITECTURE.md).
 """
 from __future__ import annotations
 
-from typing import Sequence
+import hashlib
+import json
+from pathlib import Path
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -34,3 +37,40 @@ def held_out_rewards(evaluator, conditions: dict[str, AdapterRef | None], proble
     names = list(conditions)
     rewards, *_ = evaluator.score([conditions[k] for k in names], problems, sampling)
     return {k: rewards[i].reshape(len(problems), -1).mean(axis=1) for i, k in enumerate(names)}
+
+
+def cached_json(cache_dir: Path, key: dict, compute: Callable[[], dict]) -> tuple[dict, bool]:
+    """A JSON-able result that does not change between runs, read from ``cache_dir`` when a run with the
+    same ``key`` computed it, else computed and written there (atomically).
+
+    Args:
+        cache_dir: directory of the cache files (under ``$ESSA_CACHE``).
+        key: JSON-able fields that decide the result (model, dtype, problems, max_tokens, ...).
+        compute: ``() -> dict`` (JSON-able), called on a miss.
+
+    Returns:
+        (the result, whether it came from the cache). An unreadable cache file is recomputed and replaced.
+    """
+    from engine import io
+
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
+    path = Path(cache_dir) / f"{digest}.json"
+    try:
+        stored = io.read_json(path)
+        if stored.get("key") == json.loads(json.dumps(key, default=str)):
+            return stored["value"], True
+    except (FileNotFoundError, ValueError, AttributeError, KeyError):
+        pass
+    value = compute()
+    io.write_json(path, {"key": key, "value": value})
+    return value, False
+
+
+def cached_rewards(cache_dir: Path, key: dict, compute: Callable[[], dict[str, np.ndarray]]) -> tuple[dict, bool]:
+    """Held-out rewards that do not change between runs (the base model's, for one model, dtype, task
+    and decoding) through :func:`cached_json`: ``({condition: (N,) float64}, from the cache)``."""
+    def as_lists() -> dict:
+        return {c: [float(x) for x in r] for c, r in compute().items()}
+
+    value, hit = cached_json(cache_dir, key, as_lists)
+    return {c: np.asarray(r, dtype=float) for c, r in value.items()}, hit

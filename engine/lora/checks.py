@@ -115,3 +115,38 @@ def check_adapter_weights(path: Path) -> None:
             raise ValueError(f"adapters: {weights} tensor {name} has shape {shape}, rank {rank}, but "
                              f"{path / 'adapter_config.json'} says {want}; re-export the adapter so config and "
                              f"weights agree")
+
+
+def check_adapter_fits(path: Path, model_path: str) -> None:
+    """Checks, from the safetensors header and the model's config.json only, that an adapter was trained
+    for this base model: every ``layers.<l>`` exists and every q/k/v/o ``lora_A`` takes the model's
+    input width (hidden size for q/k/v, heads x head dim for o).
+
+    Raises:
+        ValueError: one line naming the adapter, what does not fit and the fix.
+    """
+    import json
+    import re
+
+    from safetensors import safe_open
+
+    conf_file = Path(model_path) / "config.json"
+    if not conf_file.is_file():
+        return  # a hub id: the engine's own check applies
+    conf = json.loads(conf_file.read_text())
+    hidden, layers = conf.get("hidden_size"), conf.get("num_hidden_layers")
+    head_dim = conf.get("head_dim") or (hidden // conf["num_attention_heads"] if hidden and conf.get("num_attention_heads") else None)
+    widths = {"q_proj": hidden, "k_proj": hidden, "v_proj": hidden,
+              "o_proj": conf.get("num_attention_heads", 0) * head_dim if head_dim else None}
+    with safe_open(str(Path(path) / "adapter_model.safetensors"), framework="numpy") as f:
+        shapes = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
+    for name, shape in shapes.items():
+        m = re.search(r"layers\.(\d+)\..*?(q_proj|k_proj|v_proj|o_proj)\.lora_A", name)
+        if not m:
+            continue
+        layer, module = int(m.group(1)), m.group(2)
+        want = widths[module]
+        if (layers is not None and layer >= layers) or (want and shape[1] != want):
+            raise ValueError(f"adapters: {path} was trained for another base model ({name} has shape {shape}; "
+                             f"{model_path} has {layers} layers, {module} input width {want}); evaluate it with "
+                             f"its own model.path")

@@ -62,6 +62,7 @@ FIGURES = {  # file stem -> title (also the Markdown caption)
     "passk": "pass@k (unbiased estimator)",
     "throughput": "Generation throughput",
     "paired_gain": "Gain over the SFT warm start on the same problems (95 % interval)",
+    "drift": "On-task accuracy against off-task drift",
 }
 
 
@@ -276,14 +277,16 @@ def fig_throughput(runs, labels, colors):
 
 
 def validation_series(run: RunData, x: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """condition -> (x values, accuracy), x = ``step`` or ``wall_s``; ``mean`` starts at step 0's ``sft``."""
+    """condition -> (x values, accuracy), x = ``step`` or ``wall_s``. ``mean`` starts at step 0 (wall 0)
+    with the ``sft`` accuracy (genome zero is the warm start), measured at step 0 or, when the run scores
+    the warm start only in its final engine call, there."""
     by: dict[str, list[dict]] = {}
     for row in run.validation:
         by.setdefault(str(row.get("condition")), []).append(row)
-    if "mean" in by and "sft" in by:
-        sft0 = [r for r in by["sft"] if r.get("step") == 0]
-        if sft0 and not any(r.get("step") == 0 for r in by["mean"]):
-            by["mean"] = [sft0[0]] + by["mean"]
+    if "mean" in by and "sft" in by and not any(r.get("step") == 0 for r in by["mean"]):
+        first = min(by["sft"], key=lambda r: r.get("step") or 0)
+        start = first if first.get("step") == 0 else {**first, "step": 0, "wall_s": 0.0}
+        by["mean"] = [start] + by["mean"]
     return {c: (_col(rows, x), _col(rows, "accuracy")) for c, rows in ordered(by).items()}
 
 
@@ -370,6 +373,37 @@ def fig_paired_gain(runs, labels, colors):
     return _finish(fig, ax)
 
 
+def drift_points(run: RunData, label: str) -> list[tuple[float, float, str]]:
+    """(off-task KL, on-task greedy accuracy, name) per condition of each eval with drift results: KL
+    against the eval's first reference, token-weighted, averaged over its prompt sets other than the
+    eval's own task (all of them when that is the only one)."""
+    points = []
+    for d, s in run.evals:
+        drift = s.get("drift") or {}
+        if not drift:
+            continue
+        per_set = next(iter(drift.values()))
+        sets = [k for k in per_set if k != s.get("task")] or list(per_set)
+        for cond, row in (s.get("conditions") or {}).items():
+            kls = [per_set[k][cond]["kl_token"] for k in sets if cond in per_set[k]]
+            if kls and row.get("greedy_accuracy") is not None:
+                points.append((float(np.mean(kls)), float(row["greedy_accuracy"]), f"{label}: {cond}"))
+    return points
+
+
+def fig_drift(runs, labels, colors):
+    """One point per evaluated adapter: on-task greedy accuracy against off-task KL(reference || adapter)
+    (essa eval drift.enabled=true; engine/evaluation/drift.py)."""
+    pts = [(p, c) for r, lab, c in zip(runs, labels, colors) for p in drift_points(r, lab)]
+    if not pts:
+        return None
+    ref = next(iter(next(s for r in runs for _, s in r.evals if s.get("drift"))["drift"]))
+    fig, ax = _new_axes(FIGURES["drift"], f"off-task KL({ref} || adapter), nats per token", "on-task accuracy (greedy)")
+    for (x, y, name), c in pts:
+        ax.plot([x], [y], marker="o", linestyle="none", color=c, label=name)
+    return _finish(fig, ax)
+
+
 FIGURE_BUILDERS: dict[str, Callable] = {
     "fitness": fig_fitness,
     "signal": fig_signal,
@@ -379,6 +413,7 @@ FIGURE_BUILDERS: dict[str, Callable] = {
     "passk": fig_passk,
     "throughput": fig_throughput,
     "paired_gain": fig_paired_gain,
+    "drift": fig_drift,
 }
 
 
@@ -464,6 +499,7 @@ SKIP_REASONS = {
     "val_accuracy_generation": "no validation.parquet", "val_accuracy_wallclock": "no validation.parquet",
     "passk": "no eval_summary.json with n > 1", "throughput": "no tokens_per_s in metrics.parquet",
     "paired_gain": "no summary.json with paired_vs_sft (a finished run with eval.baselines)",
+    "drift": "no eval_summary.json with drift results (essa eval drift.enabled=true)",
 }
 
 

@@ -5,7 +5,9 @@
   reward of every held-out problem: the paired data of the final test): :class:`ValidationLog`;
 * ``summary.json`` and the final table: :func:`final_summary`.
 
-Every file is written atomically (engine/io.py); docs/ARCHITECTURE.md lists the columns.
+Every file is written atomically (engine/io.py); docs/ARCHITECTURE.md lists the columns. With a
+``tracker`` (engine/results/trackers.py) the metrics rows, validations and summary also go to it;
+the files stay the record.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ log = logging.getLogger("essa")
 
 VALIDATION = "validation.parquet"
 
-RUN_CONTROL_OVERRIDES = ("hydra", "resume=", "deadline_s=", "report=", "label=")
+RUN_CONTROL_OVERRIDES = ("hydra", "resume=", "deadline_s=", "report=", "label=", "oracle_genome=")
 """Overrides that steer a run's execution, not what it trains: left out of its label."""
 
 
@@ -61,16 +63,20 @@ class MetricsLog:
 
     Args:
         run_dir: the run directory (rows already there are read, so a resumed run appends).
+        tracker: an experiment tracker every row also goes to, at its ``generation`` (or ``step``).
     """
 
-    def __init__(self, run_dir: str | Path):
+    def __init__(self, run_dir: str | Path, tracker=None):
         self.path = Path(run_dir) / "metrics.parquet"
         self.rows = io.read_rows(self.path)
+        self.tracker = tracker
 
     def add(self, row: dict) -> None:
-        """Append one row and rewrite the file."""
+        """Append one row, rewrite the file, then send the row to the tracker."""
         self.rows.append(row)
         io.write_parquet(self.path, self.rows)
+        if self.tracker is not None:
+            self.tracker.log_metrics(row, int(row.get("generation", row.get("step", len(self.rows) - 1))))
 
 
 class ValidationLog:
@@ -81,10 +87,13 @@ class ValidationLog:
         method: the ``method`` column (essa, grpo, f-grpo).
         problems: the held-out problems, in the order every ``add`` gives their rewards.
         clock: seconds on the run clock (the ``wall_s`` column).
+        tracker: an experiment tracker every validation's accuracies also go to.
     """
 
-    def __init__(self, run_dir: str | Path, method: str, problems: Sequence, clock: Callable[[], float]):
+    def __init__(self, run_dir: str | Path, method: str, problems: Sequence, clock: Callable[[], float],
+                 tracker=None):
         self.run_dir, self.method, self.problems, self.clock = Path(run_dir), method, problems, clock
+        self.tracker = tracker
         self.rows = io.read_rows(self.run_dir / VALIDATION)
         self.problem_rows = io.read_rows(self.run_dir / VALIDATION_PROBLEMS)
 
@@ -106,6 +115,8 @@ class ValidationLog:
                      len(self.problems), wall)
         io.write_parquet(self.run_dir / VALIDATION, self.rows)
         io.write_parquet(self.run_dir / VALIDATION_PROBLEMS, self.problem_rows)
+        if self.tracker is not None and per_problem:
+            self.tracker.log_validation(step, {r["condition"]: r["accuracy"] for r in self.rows[-len(per_problem):]})
 
     def summary(self) -> dict:
         """Accuracy, Wilson intervals and the paired test against the SFT warm start of every condition
@@ -113,13 +124,17 @@ class ValidationLog:
         return summarise_conditions(ordered(latest_per_problem(self.problem_rows)))
 
 
-def final_summary(run_dir: str | Path, stats: dict, task: str, control_note: str, **fields) -> dict:
+def final_summary(run_dir: str | Path, stats: dict, task: str, control_note: str, /, *, tracker=None,
+                  **fields) -> dict:
     """Print the final table and write ``summary.json``: ``val`` (accuracy per condition), ``val_ci95``,
-    ``paired_vs_sft``, ``n_problems``, ``task`` and ``fields``. Returns the dict written."""
+    ``paired_vs_sft``, ``n_problems``, ``task`` and ``fields``; the dict also goes to ``tracker`` when
+    given. Returns the dict written."""
     print(format_summary(stats, task, control_note=control_note))
     summary = {"val": stats["accuracy"], "val_ci95": stats["ci"], "paired_vs_sft": stats["paired"],
                "n_problems": stats["n_problems"], "task": task, **fields}
     io.write_json(Path(run_dir) / "summary.json", summary)
+    if tracker is not None:
+        tracker.log_summary(summary)
     return summary
 
 

@@ -12,6 +12,13 @@ traceback. essa keeps every job running and reports all failures at the end inst
    workers or SLURM jobs (on a shared file system);
 3. the CLI exits 1 with one line per failed job (:func:`failure_lines`).
 
+With the Optuna sweeper (``hydra/sweeper=optuna``), a job that returns no value (``essa train
+generations=0``: no final validation) is a failed trial for Optuna, so essa records it as a failed job
+too (:data:`NO_VALUE_LINE`); when no trial completed, Optuna's ``ValueError: No trials are completed
+yet.`` traceback becomes that list of failed jobs (:func:`tolerate_no_completed_trial`); and the
+sweeper maximises by default (:func:`register_sweeper_defaults`: every essa command returns a held-out
+accuracy, while the plugin's default direction is minimize).
+
 Job directories are ``<sweep dir>/<job number>`` (``hydra.sweep.subdir``: no ``=`` or ``,``, so
 ``resume=multirun/<time>/0`` needs no quoting); each job's overrides stay in
 ``<job dir>/.hydra/overrides.yaml``.
@@ -32,6 +39,75 @@ ERROR_FILE = "error.txt"
 
 # Sweep directories finished in this process (set by SweepSummary in the Hydra driver process).
 FINISHED_SWEEPS: list[Path] = []
+# Optuna sweeps of this process in which no trial completed (no best trial, no optimization_results.yaml).
+NO_BEST_TRIAL: set[Path] = set()
+
+NO_VALUE_LINE = ("returned no held-out accuracy (the run ended without a final validation, e.g. generations=0), "
+                 "which Optuna counts as a failed trial")
+
+
+def counts_none_as_failure(sweeper_cfg) -> bool:
+    """Whether the sweeper configured as ``hydra.sweeper`` treats a job that returns None as a failed
+    trial (Optuna); the basic and other sweepers ignore return values."""
+    try:
+        target = sweeper_cfg.get("_target_", "")
+    except Exception:  # noqa: BLE001 - not a config node
+        target = ""
+    return "optuna" in str(target).lower()
+
+
+def register_sweeper_defaults() -> None:
+    """Make ``hydra/sweeper=optuna`` maximise: store hydra-optuna-sweeper's ConfigStore node
+    ``hydra/sweeper/optuna`` again with ``direction: maximize`` (a subclass of its schema; every other
+    field, the sampler default included, stays the plugin's). A no-op without the plugin.
+
+    A YAML file of the same name in conf/ cannot do it: Hydra matches it against the plugin's schema
+    of that name, whose defaults list makes the composition fail."""
+    import dataclasses
+
+    try:
+        from hydra_plugins.hydra_optuna_sweeper import config as optuna_conf
+    except ImportError:
+        return
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance()  # Hydra's one plugin scan re-runs the plugin's own store(): ours must come after it
+
+    maximize = dataclasses.make_dataclass(
+        "EssaOptunaSweeperConf", [("direction", Any, dataclasses.field(default=optuna_conf.Direction.maximize))],
+        bases=(optuna_conf.OptunaSweeperConf,))
+    ConfigStore.instance().store(group="hydra/sweeper", name="optuna", node=maximize, provider="optuna_sweeper")
+
+
+def tolerate_no_completed_trial() -> None:
+    """Let an Optuna sweep in which no trial completed end like any sweep with failed jobs.
+
+    hydra-optuna-sweeper 1.3 asks the study for its best trial after the last batch, and Optuna raises
+    ``ValueError: No trials are completed yet.``: a traceback, no optimization_results.yaml, no job
+    named, and Hydra skips the end-of-sweep callback. Wrapped here (once per process), that error is
+    logged in one line and the sweep returns, so :class:`SweepSummary` and the CLI name every failed job.
+    """
+    from hydra_plugins.hydra_optuna_sweeper import _impl
+
+    sweep = _impl.OptunaSweeperImpl.sweep
+    if getattr(sweep, "_essa_tolerant", False):
+        return
+
+    def tolerant_sweep(self, arguments):
+        try:
+            return sweep(self, arguments)
+        except ValueError as e:
+            if "No trials are completed yet" not in str(e):
+                raise
+            sweep_dir = Path(str(self.config.hydra.sweep.dir))
+            NO_BEST_TRIAL.add(sweep_dir)
+            log.error("Optuna: no trial completed in %s, so there is no best trial (no optimization_results.yaml)",
+                      sweep_dir)
+            return None
+
+    tolerant_sweep._essa_tolerant = True
+    _impl.OptunaSweeperImpl.sweep = tolerant_sweep
 
 
 def error_line(exc: BaseException, user_error: bool) -> str:
@@ -108,7 +184,10 @@ def failure_lines(sweep_dir: str | Path) -> list[str]:
     if not failed:
         return []
     total = len(job_dirs(sweep_dir))
-    lines = [f"{len(failed)} of {total} sweep jobs failed in {sweep_dir} (each job's error is in <job dir>/{ERROR_FILE}):"]
+    names = ", ".join(job.name for job, _ in failed)
+    why = "; no trial completed, so Optuna has no best trial" if Path(sweep_dir) in NO_BEST_TRIAL else ""
+    lines = [f"{len(failed)} of {total} sweep jobs failed (job {names}) in {sweep_dir}{why} (each job's error is in "
+             f"<job dir>/{ERROR_FILE}):"]
     for job, line in failed:
         lines.append(f"  job {job.name} ({' '.join(job_overrides(job)) or 'no overrides'}): {line}")
     return lines
@@ -116,7 +195,12 @@ def failure_lines(sweep_dir: str | Path) -> list[str]:
 
 class SweepSummary(Callback):
     """Hydra callback: remembers the sweep directory when a multirun ends (driver process), so the
-    CLI can name the failed jobs after Hydra returns."""
+    CLI can name the failed jobs after Hydra returns; before an Optuna sweep starts, makes a sweep
+    without a completed trial end that way too (:func:`tolerate_no_completed_trial`)."""
+
+    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        if counts_none_as_failure(config.hydra.sweeper):
+            tolerate_no_completed_trial()
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))

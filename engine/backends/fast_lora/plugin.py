@@ -153,6 +153,40 @@ def uninstall_no_lora_mask() -> None:
     _original_ops = None
 
 
+def _prompt_row_guard(add_lora_logits):
+    """vLLM 0.32's ``PunicaWrapperCPU.add_lora_logits`` for prompt log-probabilities too.
+
+    With ``prompt_logprobs`` vLLM computes logits for every prompt token, but the CPU wrapper indexes
+    the LM-head LoRA by ``sampler_indices`` (one per request): ``einsum(): subscript b has size <requests>
+    ... <prompt tokens>`` kills the engine (the class of vllm issues 16668, 29955). When the rows are
+    not the sampled ones and no loaded adapter has LM-head weights (every ``lora_b`` slot zero, as for
+    essa's q/k/v/o adapters), the LM-head delta is zero and the call returns without it; with LM-head
+    weights it stops with one line instead. Rows that match run vLLM's op unchanged.
+    """
+
+    @functools.wraps(add_lora_logits)
+    def guarded(self, y, x, lora_a_stacked, lora_b_stacked, scale, *args, **kwargs):
+        rows = x.reshape(-1, x.shape[-1]).shape[0]
+        if rows != self.sampler_indices.shape[0]:
+            if not bool(lora_b_stacked.any()):
+                return None
+            raise RuntimeError("prompt log-probabilities under adapters with LM-head LoRA weights are not served by "
+                               "vLLM 0.32's CPU LoRA ops; score with adapters on q/k/v/o only")
+        return add_lora_logits(self, y, x, lora_a_stacked, lora_b_stacked, scale, *args, **kwargs)
+
+    guarded.essa_prompt_row_guard = True
+    return guarded
+
+
+def install_prompt_row_guard() -> None:
+    """Wrap vLLM's ``PunicaWrapperCPU.add_lora_logits`` in :func:`_prompt_row_guard` (idempotent; on the
+    versions of ``MASK_VLLM_VERSIONS``, whose wrapper it was written against)."""
+    from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
+
+    if not getattr(PunicaWrapperCPU.add_lora_logits, "essa_prompt_row_guard", False):
+        PunicaWrapperCPU.add_lora_logits = _prompt_row_guard(PunicaWrapperCPU.add_lora_logits)
+
+
 def no_adapter_plan(cpu: bool, mask: bool, fast: bool, enforce_eager: bool = True) -> str:
     """How a request without an adapter is kept on the base model when it shares a batch with
     adapter requests, in an engine started with these settings.
@@ -195,7 +229,8 @@ def register() -> None:
     vLLM version is in ``TESTED_VLLM_VERSIONS`` (or the switch says ``force``). On an untested
     version it logs one warning per process and leaves vLLM alone. Independently of the switch,
     on CPU with a vLLM version in ``MASK_VLLM_VERSIONS`` it installs the no-adapter mask of vLLM's
-    own ops (:func:`install_no_lora_mask`). Never raises: a failure to install is logged and vLLM
+    own ops (:func:`install_no_lora_mask`) and the prompt-row guard of their LM-head LoRA
+    (:func:`install_prompt_row_guard`). Never raises: a failure to install is logged and vLLM
     runs with its own kernels.
     """
     global _warned
@@ -208,8 +243,9 @@ def register() -> None:
         version = vllm_version()
         if version in MASK_VLLM_VERSIONS and not no_lora_mask_installed():
             install_no_lora_mask()
-            log.info("essa: vLLM %s CPU LoRA ops masked for requests without an adapter (pid %d).",
-                     version, os.getpid())
+            install_prompt_row_guard()
+            log.info("essa: vLLM %s CPU LoRA ops masked for requests without an adapter, LM-head LoRA guarded for "
+                     "prompt log-probabilities (pid %d).", version, os.getpid())
         if mode == "off":
             return
         if version not in TESTED_VLLM_VERSIONS and mode != "force":

@@ -1,0 +1,62 @@
+"""Prefill-only scoring: the log-probability of given target tokens after given prefixes, under many
+adapters at once, in one multi-LoRA vLLM batch (``VLLMBackend.prompt_logprobs``).
+
+One scorer serves three uses: the dense reward (log p(reference answer | prompt, the rollout's own
+reasoning), Kwiatkowski et al., arXiv 2602.03979, the only likelihood reward that worked in every
+setting they tried), the strategy lab's ``likelihood`` landscape (log p(reference solution | prompt)),
+and the KL drift estimate of ``essa eval`` (a reference model's sampled continuations rescored by each
+adapter; es-awd's estimator).
+
+Prefix and target are tokenised separately and concatenated, so the boundary never merges two
+tokens and the target's tokens are the ones scored (VeriFree, arXiv 2505.21493, splits at the
+answer tag for the same reason). vLLM has had wrong-mapping bugs on exactly this path (LoRA with
+``prompt_logprobs``: vllm issues 16668, 29955, 51594); tests/test_prefill.py checks the scores
+against transformers + peft on both LoRA kernel paths.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from engine.backends import AdapterRef
+
+Pair = tuple[list[int], list[int]]
+"""(prefix token ids, target token ids): the prefix is context, the target's tokens are scored."""
+
+
+def encode_pairs(tokenizer, prefixes: Sequence[str], targets: Sequence[str]) -> list[Pair]:
+    """Token ids of each (prefix text, target text), tokenised apart (no special tokens added: the
+    prefix already carries the chat template).
+
+    Raises:
+        ValueError: lengths differ, or a prefix or target encodes to no token.
+    """
+    if len(prefixes) != len(targets):
+        raise ValueError(f"{len(prefixes)} prefixes but {len(targets)} targets")
+    pairs = []
+    for prefix, target in zip(prefixes, targets):
+        p = tokenizer(prefix, add_special_tokens=False)["input_ids"]
+        t = tokenizer(target, add_special_tokens=False)["input_ids"]
+        if not p or not t:
+            raise ValueError(f"an empty {'prefix' if not p else 'target'} cannot be scored: {prefix[:40]!r} / {target[:40]!r}")
+        pairs.append((list(p), list(t)))
+    return pairs
+
+
+def target_logprobs(backend, pairs: Sequence[Pair], adapters: Sequence[AdapterRef | None],
+                    use_tqdm: bool = False) -> list[np.ndarray]:
+    """log p of every target token given its prefix and the target tokens before it, per pair.
+
+    Args:
+        backend: a back-end with ``prompt_logprobs(token_ids, adapters)`` (``VLLMBackend``).
+        pairs: R (prefix ids, target ids), both non-empty.
+        adapters: R adapter refs (None = the base model), aligned with ``pairs``.
+
+    Returns:
+        R arrays, (T_r,) float64 natural-log probabilities, T_r = len(target ids); the sum is
+        log p(target | prefix).
+    """
+    seqs = [list(p) + list(t) for p, t in pairs]
+    lps = backend.prompt_logprobs(seqs, adapters, use_tqdm=use_tqdm)  # entry i: log p(token i+1 | <= i)
+    return [np.asarray(lp[len(p) - 1:], dtype=np.float64) for lp, (p, _) in zip(lps, pairs)]

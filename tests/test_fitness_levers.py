@@ -1,0 +1,58 @@
+"""The fitness levers of issue 26 without an engine: the dense reward's cut and its two uses (tie-break,
+weighted term), adaptive prompts per generation, and their resume."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.evaluation.population import EvalResult, dense_tiebreak, dense_weighted, shaped_fitness
+from rewards.likelihood import ANSWER_LEAD, answer_context
+
+
+@pytest.mark.parametrize("completion, context, target", [
+    ("3 + 4 = 7. The final answer is \\boxed{7}.", "3 + 4 = 7. The final answer is \\boxed{", "7}"),
+    ("a \\boxed{1} then \\boxed{2}", "a \\boxed{1} then \\boxed{", "7}"),           # the last box counts
+    ("3 + 4 = 7.  ", "3 + 4 = 7." + ANSWER_LEAD, "7}"),                               # no box: the taught format
+    ("", ANSWER_LEAD, "7}"),
+])
+def test_answer_context_cuts_at_the_answer(completion, context, target):
+    assert answer_context(completion, " 7 ") == (context, target)
+
+
+def test_tiebreak_orders_ties_and_never_reverses_a_difference():
+    f = np.array([0.5, 0.5, 0.5, 0.25, 0.75, np.nan])
+    d = np.array([-1.0, -3.0, -2.0, 5.0, -9.0, 0.0])
+    out = dense_tiebreak(f, d)
+    assert out[0] > out[2] > out[1]                       # the tied three, in dense order
+    assert out[3] < out[1] and out[4] > out[0]            # strict fitness order untouched
+    assert np.isnan(out[5])
+    np.testing.assert_array_equal(np.argsort(dense_tiebreak(np.full(4, 0.3), [3, 1, 2, 0])), [3, 1, 2, 0])
+
+
+def test_weighted_adds_prompts_per_std():
+    f = np.array([0.5, 0.5])
+    out = dense_weighted(f, np.array([-1.0, -3.0]), weight=2.0, prompts=64)
+    np.testing.assert_allclose(out, [0.5 + 2 / 64, 0.5 - 2 / 64])
+    np.testing.assert_allclose(dense_weighted(f, np.array([1.0, 1.0]), 2.0, 64), f)  # no spread: nothing added
+
+
+def test_shaped_fitness_leaves_the_centre_out():
+    rewards = np.array([[[1.0], [0.0]], [[1.0], [0.0]], [[0.0], [0.0]]])  # (P + centre, N, G)
+    dense = np.array([[[-1.0], [-1.0]], [[-5.0], [-5.0]], [[-0.1], [-0.1]]])
+    result = EvalResult(rewards.mean(axis=(1, 2)), rewards, {}, dense=dense)
+    plain = shaped_fitness(result, 2)
+    np.testing.assert_array_equal(plain, [0.5, 0.5])
+    tb = shaped_fitness(result, 2, dense="tiebreak")
+    assert tb.shape == (2,) and tb[0] > tb[1]
+    assert shaped_fitness(EvalResult(result.fitness, rewards, {}), 2, dense="tiebreak").tolist() == [0.5, 0.5]
+
+
+def test_adaptive_prompts_double_on_noise_and_halve_on_signal():
+    from types import SimpleNamespace
+
+    from engine.search.budget import next_prompts
+
+    r = SimpleNamespace(adaptive_prompts=True, noise_rho=0.2, prompts_per_generation=64, max_prompts_per_generation=200)
+    assert next_prompts(r, 64, 0.05) == 128 and next_prompts(r, 128, float("nan")) == 200
+    assert next_prompts(r, 200, 0.5) == 100 and next_prompts(r, 100, 0.5) == 64
+    assert next_prompts(SimpleNamespace(adaptive_prompts=False), 64, -1.0) == 64

@@ -1,0 +1,118 @@
+"""Prefill-only scoring (engine/evaluation/prefill.py) against transformers + peft, on both LoRA kernel paths.
+
+vLLM has had wrong-mapping bugs on exactly this path (LoRA with ``prompt_logprobs``: vllm issues 16668,
+29955, 51594), so the real engine scores several adapters and the base model in ONE batch and every
+request's log-probabilities must match transformers + peft on the same tokens within bf16 tolerance,
+and each adapter's shift from the base model must be its own (a swapped mapping would give another's).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.evaluation.prefill import encode_pairs, target_logprobs
+
+
+class _Tok:
+    """Whitespace tokenizer: one id per word (for the unit tests)."""
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [len(w) for w in text.split()]}
+
+
+class _Backend:
+    """prompt_logprobs of a toy model: log p(token t) = -token id / 10, whatever the adapter."""
+
+    def __init__(self):
+        self.calls = []
+
+    def prompt_logprobs(self, token_ids, adapters, use_tqdm=False):
+        self.calls.append((token_ids, adapters))
+        return [[-x / 10 for x in ids[1:]] for ids in token_ids]
+
+
+def test_target_logprobs_slices_the_target_out_of_one_batch():
+    backend = _Backend()
+    pairs = encode_pairs(_Tok(), ["a bb ccc", "dddd"], ["ee f", "ggg"])
+    assert pairs == [([1, 2, 3], [2, 1]), ([4], [3])]
+    got = target_logprobs(backend, pairs, [None, None])
+    assert len(backend.calls) == 1 and backend.calls[0][0] == [[1, 2, 3, 2, 1], [4, 3]]
+    np.testing.assert_allclose(got[0], [-0.2, -0.1])
+    np.testing.assert_allclose(got[1], [-0.3])
+
+
+def test_empty_prefix_or_target_is_refused():
+    with pytest.raises(ValueError, match="empty target"):
+        encode_pairs(_Tok(), ["a"], [""])
+    with pytest.raises(ValueError, match="2 prefixes but 1 targets"):
+        encode_pairs(_Tok(), ["a", "b"], ["c"])
+
+
+@pytest.fixture(scope="module")
+def scored_setup(tmp_path_factory):
+    """The embedded model, three held-out problems with their worked solutions, two random adapters."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from engine.config import TaskConfig
+    from engine.lora.files import write_adapter
+    from engine.model import resolve_model_path
+    from engine.prompts import build_prompt
+    from engine.tasks import load_task
+    from tests.helpers import random_lora
+
+    model = resolve_model_path("embedded:smollm2-135m-instruct")
+    tok = AutoTokenizer.from_pretrained(model)
+    task = load_task(TaskConfig(name="arithmetic", reader="arithmetic", val_size=3, train_size=8))
+    prefixes = [build_prompt(tok, p.question, "Solve the math problem step by step.") for p in task.val]
+    pairs = encode_pairs(tok, prefixes, [p.solution for p in task.val])
+    config = AutoConfig.from_pretrained(model)
+    root = tmp_path_factory.mktemp("prefill")
+    adapters = [write_adapter(root / f"a{s}", random_lora(config, seed=s, std=0.05), 8, 16.0, model) for s in (1, 2)]
+    return {"model": model, "pairs": pairs, "adapters": adapters}
+
+
+def _reference(setup) -> list[list[np.ndarray]]:
+    """transformers + peft scores: [base, adapter 1, adapter 2][pair]."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from tests.helpers import hf_target_logprobs
+
+    base = AutoModelForCausalLM.from_pretrained(setup["model"], dtype=torch.float32)
+    out = [hf_target_logprobs(base, setup["pairs"])]
+    for a in setup["adapters"]:
+        peft = PeftModel.from_pretrained(base, str(a))
+        out.append(hf_target_logprobs(peft, setup["pairs"]))
+        base = peft.unload()
+    return out
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("fast", [True, False], ids=["essa-kernels", "vllm-kernels"])
+def test_scores_match_peft_in_one_mixed_batch(scored_setup, fast):
+    from engine.backends import AdapterRef, lora_int_id
+    from engine.backends.vllm_local import VLLMBackend
+
+    s = scored_setup
+    want = _reference(s)
+    refs = [None] + [AdapterRef(f"a{i}", lora_int_id(-1, i), str(a)) for i, a in enumerate(s["adapters"])]
+    engine = VLLMBackend(s["model"], max_loras=2, kv_cache_gib=1, fast_lora=fast, max_num_seqs=64)
+    try:  # every (condition, pair), interleaved, in one call
+        order = [(c, k) for k in range(len(s["pairs"])) for c in range(3)]
+        got_flat = target_logprobs(engine, [s["pairs"][k] for _, k in order], [refs[c] for c, _ in order])
+    finally:
+        engine.close()
+    got = [[None] * len(s["pairs"]) for _ in range(3)]
+    for (c, k), lp in zip(order, got_flat):
+        got[c][k] = lp
+    for c in range(3):
+        for k in range(len(s["pairs"])):
+            diff = np.abs(got[c][k] - want[c][k])
+            assert diff.mean() < 0.05 and np.median(diff) < 0.03, (c, k, diff.mean(), diff.max())
+    for c in (1, 2):  # each adapter's shift from the base is its own, not the other's
+        shift = np.concatenate([got[c][k] - got[0][k] for k in range(len(s["pairs"]))])
+        own = np.concatenate([want[c][k] - want[0][k] for k in range(len(s["pairs"]))])
+        other = np.concatenate([want[3 - c][k] - want[0][k] for k in range(len(s["pairs"]))])
+        assert np.corrcoef(shift, own)[0, 1] > 0.9 > np.corrcoef(shift, other)[0, 1], c

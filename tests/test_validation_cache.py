@@ -1,0 +1,32 @@
+"""The baseline cache (engine/evaluation/validation.py ``cached_rewards``): the base model's held-out
+rewards are scored once per model, dtype, problems and decoding, and read back after."""
+from __future__ import annotations
+
+import numpy as np
+
+from engine.evaluation.validation import cached_rewards
+
+
+def test_scored_once_then_read_back_and_keyed_by_every_field(tmp_path):
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"no_adapter": np.array([1.0, 0.0, np.nan])}
+
+    key = {"model": "m", "dtype": "bfloat16", "problems": [["p0", "q", "1"]], "max_tokens": 96}
+    first, hit1 = cached_rewards(tmp_path, key, compute)
+    again, hit2 = cached_rewards(tmp_path, dict(key), compute)
+    assert (hit1, hit2) == (False, True) and len(calls) == 1
+    np.testing.assert_array_equal(first["no_adapter"], again["no_adapter"])  # NaN (unscorable) survives
+    _, hit3 = cached_rewards(tmp_path, {**key, "dtype": "float32"}, compute)
+    assert not hit3 and len(calls) == 2
+
+
+def test_a_damaged_cache_file_is_recomputed(tmp_path):
+    key = {"model": "m"}
+    cached_rewards(tmp_path, key, lambda: {"no_adapter": np.zeros(2)})
+    (f,) = tmp_path.glob("*.json")
+    f.write_text("{not json")
+    rewards, hit = cached_rewards(tmp_path, key, lambda: {"no_adapter": np.ones(2)})
+    assert not hit and rewards["no_adapter"].tolist() == [1.0, 1.0]
