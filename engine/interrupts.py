@@ -11,7 +11,11 @@ Two things made a Ctrl-C (or ``kill -INT``) of ``essa train`` unreliable:
   fail with vLLM's ``EngineDeadError`` rather than ``KeyboardInterrupt``.
 
 :func:`handling` installs a handler that records the signal and raises ``KeyboardInterrupt``
-whatever disposition the process inherited; :func:`requested` tells later code that an exception
+whatever disposition the process inherited, for SIGINT and for SIGTERM (what ``timeout``, ``docker
+stop``, SLURM's ``scancel`` and Kubernetes send): without it a SIGTERM killed the main process at once
+and left vLLM's engine processes running, holding their memory, and the candidates' adapters in
+``/dev/shm``; now both signals take the same path (close the engine, print the resume line) and the
+process exits with 128 + the signal's number (:func:`exit_status`); :func:`requested` tells later code that an exception
 raised after that (``EngineDeadError``, a broken pipe to a dead worker) is the interrupt's
 consequence, not a bug. :func:`sigterm_unwinds` lets a SIGTERM run the cleanups of a block (the SFT
 warm start's temp directory) before the process ends by it.
@@ -24,38 +28,49 @@ import signal
 import threading
 
 _count = 0
+_last = signal.SIGINT
 
 
 def requested() -> bool:
-    """True once SIGINT reached this process while :func:`handling` was active."""
+    """True once SIGINT or SIGTERM reached this process while :func:`handling` was active."""
     return _count > 0
 
 
 def reset() -> None:
     """Forget recorded interrupts (tests)."""
-    global _count
+    global _count, _last
     _count = 0
+    _last = signal.SIGINT
 
 
-def _on_sigint(signum, frame) -> None:
-    global _count
+def exit_status() -> int:
+    """The exit status of a run the last recorded signal stopped: 130 for SIGINT, 143 for SIGTERM."""
+    return 128 + int(_last)
+
+
+def _on_signal(signum, frame) -> None:
+    global _count, _last
     _count += 1
+    _last = signum
     raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
 def handling():
-    """Within the block, SIGINT raises ``KeyboardInterrupt`` in the main thread and is recorded,
-    even where the process inherited SIGINT ignored; the previous handler is restored afterwards.
+    """Within the block, SIGINT and SIGTERM raise ``KeyboardInterrupt`` in the main thread and are
+    recorded, even where the process inherited SIGINT ignored; the previous handlers are restored
+    afterwards. SIGTERM is taken only where it is at its default (not ignored, no other handler).
     A no-op outside the main thread (Python allows signal handlers only there)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, _on_sigint)
+    signals = [signal.SIGINT] + ([signal.SIGTERM] if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL else [])
+    previous = {s: signal.signal(s, _on_signal) for s in signals}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
 
 class Terminated(BaseException):

@@ -3,6 +3,7 @@ interrupted run never leaves a truncated file and never loses what was already w
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
 import re
@@ -14,6 +15,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from strategies.base import PlainUnpickler
 
 
 def _umask() -> int:
@@ -49,9 +52,25 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     return Path(path)
 
 
-def write_json(path, obj: Any) -> Path:
-    """Atomic JSON (indented, UTF-8)."""
-    return atomic_write_bytes(path, json.dumps(obj, indent=2, default=str).encode())
+class NoSpaceError(OSError):
+    """The disk filled while a run wrote its files: a user-facing stop (one line naming the directory
+    and how to resume), not a traceback."""
+
+
+def write_json(path, obj: Any, strict: bool = False) -> Path:
+    """Atomic JSON (indented, UTF-8). ``strict``: NaN and infinities are written as null (strict parsers
+    such as jq and JavaScript reject Python's bare ``NaN``)."""
+    return atomic_write_bytes(path, json.dumps(_finite_or_none(obj) if strict else obj, indent=2, default=str).encode())
+
+
+def _finite_or_none(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_or_none(v) for v in obj]
+    return obj
 
 
 def write_pickle(path, obj: Any) -> Path:
@@ -59,30 +78,21 @@ def write_pickle(path, obj: Any) -> Path:
     return atomic_write_bytes(path, pickle.dumps(obj, protocol=4))
 
 
-class _RenamingUnpickler(pickle.Unpickler):
-    """An unpickler that finds some classes under another name (``(module, name) -> class``)."""
-
-    def __init__(self, f, classes: dict[tuple[str, str], type]):
-        super().__init__(f)
-        self.classes = classes
-
-    def find_class(self, module: str, name: str):
-        return self.classes.get((module, name)) or super().find_class(module, name)
-
-
 def read_pickle(path, classes: dict[tuple[str, str], type] | None = None) -> Any:
     """Read a pickle written by :func:`write_pickle`.
 
     Args:
         classes: ``{(module, name): class}`` for classes pickled under a path that has moved since
-            (old checkpoints); others load as usual.
+            (old checkpoints). Other than those, only plain data loads
+            (:class:`strategies.base.PlainUnpickler`): a file naming any other class or function is
+            unreadable, so resuming a run directory someone else wrote cannot run code.
 
     Raises:
         ValueError: the file is missing or unreadable (message names the file).
     """
     try:
         with open(path, "rb") as f:
-            return _RenamingUnpickler(f, classes or {}).load()
+            return PlainUnpickler(f, classes or {}).load()
     except FileNotFoundError:
         raise ValueError(f"resume: no checkpoint at {path}; pass resume=<run dir> of a run that finished at least one generation")
     except Exception as e:  # noqa: BLE001 - corrupt or foreign file

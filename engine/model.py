@@ -93,7 +93,8 @@ def resolve_model_path(path: str, quantization: str | None = None, dtype: str | 
 
     Raises:
         ValueError: an unknown ``embedded:`` name or ``quantization`` value.
-        FileNotFoundError: a path that looks local (starts with /, ./ or ~) but does not exist.
+        FileNotFoundError: a path that looks local (starts with /, ./ or ~) but does not exist, a
+            directory without ``config.json``, or a HF id neither cached nor confirmed by the hub.
     """
     if quantization is not None:
         return serving_model_path(resolve_model_path(path), quantization, dtype)
@@ -101,9 +102,35 @@ def resolve_model_path(path: str, quantization: str | None = None, dtype: str | 
         if path != DEFAULT_MODEL:
             raise ValueError(f"model.path={path!r} is not an embedded model; use {DEFAULT_MODEL!r} or a HF id/dir")
         return str(prepare_embedded_model())
-    if path.startswith(("/", "./", "../", "~")) and not Path(path).expanduser().exists():
+    local = Path(path).expanduser()
+    if path.startswith(("/", "./", "../", "~")) and not local.exists():
         raise FileNotFoundError(f"model.path={path!r} does not exist; give a model directory or a HF id")
-    return str(Path(path).expanduser()) if path.startswith(("/", "./", "../", "~")) else path
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise FileNotFoundError(f"model.path={path!r} is a directory without config.json, not a model; give the "
+                                    f"folder a transformers model was saved to, or a HF id")
+        return str(local)
+    _check_hub_id(path)
+    return path
+
+
+def _check_hub_id(repo_id: str, timeout_s: float = 10.0) -> None:
+    """A Hugging Face id must be in the local cache or answer on the hub within ``timeout_s`` seconds.
+
+    Raises:
+        FileNotFoundError: neither (one line naming model.path): without it a misspelt id or an offline
+            machine showed up a minute later, after the start-up checks, as a transformers traceback.
+    """
+    from huggingface_hub import model_info, try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+        return
+    try:
+        model_info(repo_id, timeout=timeout_s)
+    except Exception as e:  # noqa: BLE001 - offline, unknown id, gated, bad id syntax: the same fix
+        raise FileNotFoundError(f"model.path={repo_id!r}: not a local model directory, not in the Hugging Face cache, "
+                                f"and the hub did not confirm it ({type(e).__name__}); fix the id, or download the "
+                                f"model and pass its directory") from None
 
 
 # --------------------------------------------------------------------------------------------------

@@ -403,7 +403,8 @@ def _local_root(cfg) -> Path | None:
     root = _resolve_path(cfg.path)
     if not root.exists():
         raise FileNotFoundError(f"task.path={cfg.path!r}: {root} does not exist (relative paths are looked up in "
-                                f"the working directory, the repository and $ESSA_DATA); fix task.path")
+                                f"the working directory, the repository and $ESSA_DATA); set ESSA_DATA to the folder "
+                                f"holding the data sets (e.g. ESSA_DATA=../shared/data) or fix task.path")
     return root
 
 

@@ -71,7 +71,9 @@ def get_strategy(name_or_target: str, field: str | None = None) -> type[Strategy
     Raises:
         ValueError: if nothing matches (one line naming the field and value, listing the built-in
             names and the installed plugins, and how to register a plugin) or the match is not a
-            Strategy subclass. Errors raised while importing a plugin module propagate unchanged.
+            Strategy subclass, or an installed plugin's entry point does not import (ImportError or
+            AttributeError, named with the entry point). Errors raised while importing a dotted path's
+            module propagate unchanged.
     """
     where = f"{field}={name_or_target!r}" if field else f"strategy {name_or_target!r}"
     if name_or_target in REGISTRY:
@@ -79,7 +81,12 @@ def get_strategy(name_or_target: str, field: str | None = None) -> type[Strategy
     entry_points = plugin_entry_points()
     for ep in entry_points:
         if ep.name == name_or_target:
-            return _check(ep.load(), f"entry point {ep.name!r} ({ep.value})")
+            try:
+                loaded = ep.load()
+            except (ImportError, AttributeError) as err:
+                raise ValueError(f"{where}: the plugin's entry point {ep.value} does not load ({type(err).__name__}: "
+                                 f"{err}); fix or reinstall the plugin package, or pick another strategy") from err
+            return _check(loaded, f"entry point {ep.name!r} ({ep.value})")
     module_name, _, attr = name_or_target.rpartition(".")
     if module_name:
         try:

@@ -37,6 +37,8 @@ and its state; a strategy writes only its maths in ``_ask``/``_tell`` and its ow
 from __future__ import annotations
 
 import abc
+import io
+import pickle
 from typing import Any
 
 import numpy as np
@@ -217,7 +219,21 @@ class Strategy(abc.ABC):
                 f"{type(self).__name__}._ask returned shape {genomes.shape}, expected "
                 f"({self.population_size}, {self.dim}); fix the strategy"
             )
+        if not np.isfinite(genomes).all():
+            raise RuntimeError(f"{type(self).__name__}._ask returned non-finite genomes (NaN/inf); fix the strategy")
         return genomes
+
+    def checked_mean(self) -> np.ndarray:
+        """The distribution's centre, checked: a (D,) float64 copy of :attr:`mean`.
+
+        Raises:
+            RuntimeError: ``mean`` has another shape or holds NaN/inf (one line naming the class).
+        """
+        mean = np.array(self.mean, dtype=np.float64, copy=True)
+        if mean.shape != (self.dim,) or not np.isfinite(mean).all():
+            raise RuntimeError(f"{type(self).__name__}.mean is {'non-finite' if mean.shape == (self.dim,) else f'shape {mean.shape}'}, "
+                               f"expected ({self.dim},) finite values; fix the strategy")
+        return mean
 
     def tell(self, genomes: np.ndarray, fitness: np.ndarray) -> None:
         """Update the search distribution with evaluated candidates.
@@ -286,7 +302,9 @@ class Strategy(abc.ABC):
             A picklable dict of plain python/numpy values: ``class`` (qualified class name),
             ``dim``, ``population_size``, ``generation``, ``rng`` (``bit_generator.state``),
             ``best_genome`` ((D,) float64 or None), ``best_fitness`` and ``strategy`` (the
-            subclass's own state).
+            subclass's own state). Only plain data reads back from a checkpoint
+            (:class:`PlainUnpickler`): no objects of the subclass's own classes (bytes of a library's
+            own pickle, like pycma's, are read by the subclass).
         """
         return {
             "class": f"{type(self).__module__}.{type(self).__qualname__}",
@@ -327,3 +345,41 @@ class Strategy(abc.ABC):
             f"{type(self).__name__}(dim={self.dim}, population_size={self.population_size}, "
             f"generation={self.generation}, sigma={self.sigma:.3g})"
         )
+
+
+# What a checkpoint may name when it is read back: plain data only, so resuming a run directory
+# someone else wrote cannot run code (pickle calls whatever class or function a file names).
+_PLAIN_BUILTINS = frozenset({"set", "frozenset", "slice", "range", "complex", "bytearray", "bytes", "dict", "list",
+                             "tuple", "int", "float", "str", "bool", "object"})
+_PLAIN = frozenset({("numpy._core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "_reconstruct"),
+                    ("numpy._core.multiarray", "scalar"), ("numpy.core.multiarray", "scalar"), ("numpy", "ndarray"),
+                    ("numpy", "dtype"), ("_codecs", "encode"), ("copyreg", "_reconstructor"),
+                    ("collections", "OrderedDict")})
+_PLAIN_MODULES = ("numpy.random", "numpy.dtypes")
+
+
+class PlainUnpickler(pickle.Unpickler):
+    """Unpickler for checkpoints: builtins containers and numbers, numpy arrays, dtypes and random
+    generators, and the classes of ``modules`` (e.g. ``("cma",)`` for pycma's own state) or of ``classes``
+    (``(module, name) -> class``: classes pickled under a path that has moved since). Anything else
+    raises ``pickle.UnpicklingError`` naming it.
+    """
+
+    def __init__(self, f, classes: dict | None = None, modules: tuple[str, ...] = ()):
+        super().__init__(f)
+        self.classes, self.modules = classes or {}, modules
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in self.classes:
+            return self.classes[(module, name)]
+        ok = ((module == "builtins" and name in _PLAIN_BUILTINS) or (module, name) in _PLAIN
+              or any(module == m or module.startswith(m + ".") for m in (*_PLAIN_MODULES, *self.modules)))
+        if not ok:
+            raise pickle.UnpicklingError(f"{module}.{name} is not plain data (a checkpoint holds dicts, lists, "
+                                         f"numbers, strings, bytes and numpy arrays)")
+        return super().find_class(module, name)
+
+
+def plain_loads(data: bytes, modules: tuple[str, ...] = ()) -> Any:
+    """``pickle.loads`` through :class:`PlainUnpickler` (raises ``pickle.UnpicklingError`` on other classes)."""
+    return PlainUnpickler(io.BytesIO(data), modules=modules).load()

@@ -61,13 +61,12 @@ from __future__ import annotations
 
 import copy
 import logging
-import pickle
 from typing import Any, Literal
 
 import cma
 import numpy as np
 
-from strategies.base import Strategy, average_over_ties
+from strategies.base import Strategy, average_over_ties, plain_loads
 
 __all__ = ["CMAES", "SepCMAES", "AUTO_DIAGONAL_DIM", "MAX_FULL_DIM", "TIES", "canonical_order", "check_ties",
            "has_ties", "tie_weights"]
@@ -313,7 +312,7 @@ class CMAES(Strategy):
                 f"load_state_dict: checkpoint has diagonal={state['diagonal']}, this strategy {self.diagonal}; "
                 "build it with the checkpoint's strategy.options.diagonal"
             )
-        self.es = pickle.loads(state["es"])
+        self.es = plain_loads(state["es"], modules=("cma", __name__, "numpy.linalg"))  # pycma's classes, this module's, eigh
         # the pycma object and its sampler share one _GeneratorRandn; bind it to our generator,
         # whose state the base class has just restored
         self.es.opts["randn"].rng = self.rng

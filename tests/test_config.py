@@ -182,6 +182,18 @@ def test_resume_accepts_a_field_added_since_at_its_default(tmp_path):
     assert resume_mismatch(ckpt, train_cfg("seed=9"), tmp_path) is not None  # other differences still count
 
 
+def test_resume_refuses_a_changed_reward_and_accepts_checkpoints_from_before_reward_counted(tmp_path):
+    """The reward defines the fitness: resume= with reward.lenient changed is refused; a checkpoint
+    written before ``reward`` was among RESUME_KEYS resumes at the default reward."""
+    from engine.commands.train_checkpoint import config_key, resume_config, resume_mismatch
+    now = resume_config(train_cfg())
+    ckpt = {"config_key": config_key(train_cfg()), "config": now}
+    assert resume_mismatch(ckpt, train_cfg(), tmp_path) is None
+    assert "reward.lenient" in resume_mismatch(ckpt, train_cfg(f"reward.lenient={not train_cfg().reward.lenient}"), tmp_path)
+    older = {k: v for k, v in now.items() if k != "reward"}
+    assert resume_mismatch({"config_key": "older", "config": older}, train_cfg(), tmp_path) is None
+
+
 def test_minibatch_is_fresh_per_generation_and_reproducible():
     train = [Problem(str(i), f"q{i}", str(i)) for i in range(100)]
     b0, b0_again, b1 = minibatch(train, 16, 0, 0), minibatch(train, 16, 0, 0), minibatch(train, 16, 0, 1)

@@ -56,6 +56,23 @@ def test_sigint_raises_and_is_recorded_even_when_inherited_ignored():
         signal.signal(signal.SIGINT, previous)
 
 
+def test_sigterm_takes_the_interrupt_path_and_exits_143():
+    """SIGTERM (timeout, docker stop, scancel) raises KeyboardInterrupt like Ctrl-C, so the run closes its
+    engine and prints the resume line instead of dying with vLLM's processes orphaned; the status is 143."""
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts.handling():
+            signal.raise_signal(signal.SIGTERM)
+            time.sleep(0.05)
+    assert interrupts.requested() and interrupts.exit_status() == 143
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored
+    interrupts.reset()
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts.handling():
+            _deliver_sigint()
+    assert interrupts.exit_status() == 130
+
+
 CHILD = """
 import signal, sys, time
 from engine import interrupts
@@ -341,3 +358,24 @@ def test_new_strategies_resume_exactly_through_run_train(fake_run, tmp_path, str
     for g, w in zip(got, want):
         for key in ("fitness_mean", "fitness_max", "fitness_center", "sigma", "mean_norm"):
             assert g[key] == pytest.approx(w[key], rel=1e-12), (strategy, g["generation"], key)
+
+
+def test_a_full_disk_is_one_line_with_the_resume_command(tmp_path, monkeypatch):
+    """The disk fills while the run writes (safetensors raises its own error, not an OSError): the run
+    stops with io.NoSpaceError (a one-line user error) naming the run directory and the resume= command."""
+    from engine import io
+    from engine.commands import train
+
+    class SafetensorError(Exception):
+        pass
+
+    def full(cfg, run_dir, progress):
+        progress.run_dir, progress.checkpoint_generation = tmp_path, 3
+        raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "
+                              "\"No space left on device\" })")
+
+    monkeypatch.setattr(train, "_run_train", full)
+    with pytest.raises(io.NoSpaceError, match=f"resume={tmp_path} .*generation 3 is kept"):
+        train.run_train(None, tmp_path)
+    from engine.cli.hydra_app import USER_ERRORS
+    assert issubclass(io.NoSpaceError, USER_ERRORS)

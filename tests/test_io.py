@@ -83,3 +83,28 @@ def test_stale_temp_dirs_are_removed_and_live_ones_kept(tmp_path):
     assert sorted(io.remove_stale_temp_dirs(tmp_path)) == sorted(stale)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in [live, fresh] + keep)
     assert io.remove_stale_temp_dirs(tmp_path / "missing") == []
+
+
+class _RunsCode:
+    def __reduce__(self):
+        import os
+        return (os.system, ("touch ran_code",))
+
+
+def test_a_checkpoint_that_names_code_is_unreadable_and_runs_nothing(tmp_path, monkeypatch):
+    """resume= of a directory someone else wrote: pickle would call whatever a file names; read_pickle
+    accepts plain data only and says the file is unreadable."""
+    import pickle
+
+    import numpy as np
+
+    from engine.io import read_pickle, write_pickle
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "evil.pkl").write_bytes(pickle.dumps({"version": 2, "x": _RunsCode()}))
+    with pytest.raises(ValueError, match="unreadable .*os.system is not plain data|unreadable .*posix.system is not plain data"):
+        read_pickle(tmp_path / "evil.pkl")
+    assert not (tmp_path / "ran_code").exists()
+    data = {"a": np.arange(3.0), "rng": np.random.default_rng(0).bit_generator.state, "b": b"x", "s": {1, 2}}
+    back = read_pickle(write_pickle(tmp_path / "ok.pkl", data))
+    assert back["rng"] == data["rng"] and back["s"] == {1, 2} and np.array_equal(back["a"], data["a"])

@@ -14,10 +14,11 @@ import shutil
 import sys
 from pathlib import Path
 
+from engine import io
 from engine.commands import COMMANDS
 from engine.config import CONF_DIR
 
-USER_ERRORS = (ValueError, FileNotFoundError, KeyError)
+USER_ERRORS = (ValueError, FileNotFoundError, KeyError, io.NoSpaceError)
 """Exceptions that mean bad configuration or input: one line, exit status 2, no traceback."""
 
 
@@ -61,11 +62,11 @@ def run_job(command: str, cfg) -> float | None:
     try:
         value = _sweep_value(COMMANDS[command].runner()(cfg, run_dir))
     except KeyboardInterrupt:
-        sys.exit(130)
+        sys.exit(interrupts.exit_status())
     except Exception as e:
         if interrupts.requested():  # e.g. vLLM's EngineDeadError: the Ctrl-C also reached the engine's process
             print(f"essa: interrupted ({type(e).__name__} after Ctrl-C)", file=sys.stderr)
-            sys.exit(130)
+            sys.exit(interrupts.exit_status())
         user_error = isinstance(e, USER_ERRORS)
         if os.environ.get("ESSA_DEBUG"):
             raise

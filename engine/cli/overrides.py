@@ -150,8 +150,21 @@ def nearest_field(key: str, cfg) -> str | None:
     return near[0] if near else None
 
 
+def _is_open_dict(cfg, path: str) -> bool:
+    """Whether ``path`` names a ``dict`` field of the schema (e.g. ``landscape.options``), whose keys are free."""
+    from omegaconf import DictConfig, OmegaConf
+
+    node = OmegaConf.select(cfg, path, default=None)
+    if not isinstance(node, DictConfig):
+        return False
+    return node._metadata.object_type in (None, dict)
+
+
 def no_such_field_line(command: str, key: str, cfg, value: str | None = None, added: bool = False) -> str:
     """One line for an override of a field ``cfg`` does not have: the key, the nearest field and the fix."""
+    parent = key.rpartition(".")[0]
+    if not added and parent and _is_open_dict(cfg, parent):  # a free-form dict field: new keys need '+'
+        return f"{key}: a new key of {parent}; add it with '+': +{key}{'' if value is None else f'={value}'}"
     near = nearest_field(key, cfg)
     fix = f"did you mean {near if value is None else f'{near}={value}'}?" if near else "check the spelling"
     how = " (added with '+'?)" if added else ""

@@ -108,7 +108,8 @@ def validate(cfg) -> list[int]:
     check_drift(cfg.drift)
     if cfg.n == 1:
         if cfg.ks:
-            raise ConfigError(f"ks={list(cfg.ks)} needs n >= max(ks) samples; set n (e.g. n={max(cfg.ks)})")
+            raise ConfigError(f"ks={list(cfg.ks)} with n=1: n=1 is greedy decoding only, pass@k needs sampling; "
+                              f"drop ks, or sample with n >= 2 (e.g. n={max(max(cfg.ks), 2)} ks={list(cfg.ks)})")
         return []
     try:
         return check_ks(list(cfg.ks), cfg.n) if cfg.ks else default_ks(cfg.n)

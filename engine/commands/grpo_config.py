@@ -246,6 +246,8 @@ def validate(cfg) -> None:
         ConfigError: one line naming the field and the fix.
     """
     g = cfg.grpo
+    if cfg.seed < 0:
+        raise ConfigError(f"seed={cfg.seed}: must be an integer >= 0, e.g. seed=5")
     check_batches(g)
     check_focal(g, cfg.reward)
     check_training(g)

@@ -96,7 +96,7 @@ def validate(cfg) -> None:
     Raises:
         ConfigError: one line naming the field: strategy.population_size < 2, strategy.sigma0 not > 0,
             generations < 1, landscape.name unknown, landscape.dim < 1, landscape.prompts < 1, no
-            seeds, a seed < 0, an unknown aggregate, compare not a list of dicts, a bad rollout field or
+            seeds, a seed < 0, a seed listed twice, an unknown aggregate, compare not a list of dicts, a bad rollout field or
             budget_evaluations (:func:`check_rollout`).
     """
     check_strategy(cfg.strategy, LoRAConfig())
@@ -116,6 +116,8 @@ def validate(cfg) -> None:
     seeds = run_seeds(cfg)
     if not seeds or min(seeds) < 0:
         raise ConfigError(f"seeds={seeds}: must be a non-empty list of integers >= 0, e.g. seeds=[0,1,2]")
+    if len(set(seeds)) < len(seeds):
+        raise ConfigError(f"seeds={seeds}: must be distinct (a seed run twice is one replicate, not two), e.g. seeds=[0,1,2]")
     if cfg.aggregate not in AGGREGATES:
         raise ConfigError(f"aggregate={cfg.aggregate!r}: use mean (ESSA) or question_z (per-problem z-scores)")
     check_rollout(cfg)

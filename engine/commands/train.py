@@ -24,6 +24,7 @@ import numpy as np
 
 from engine import interrupts, io
 from engine.backends import AdapterRef, lora_int_id, sft_adapter_ref
+from engine.lora.files import is_no_space
 from engine.commands.train_checkpoint import (CHECKPOINT, RunState, open_checkpoint, restore_strategy,
                                               write_checkpoint)
 from engine.commands.train_config import validate
@@ -119,6 +120,11 @@ def run_train(cfg, run_dir: str | Path) -> dict:
     try:
         return _run_train(cfg, run_dir, progress)
     except BaseException as exc:
+        if is_no_space(exc) and progress.run_dir is not None:
+            _close_evaluator(progress)
+            raise io.NoSpaceError(f"no space left on the device while writing (under {progress.run_dir} or engine.adapter_dir): "
+                          f"free space and continue with essa train resume={progress.run_dir} (the checkpoint of "
+                          f"generation {progress.checkpoint_generation} is kept)") from exc
         if not isinstance(exc, KeyboardInterrupt) and not interrupts.requested():
             raise
         _report_interrupt(progress, exc)
@@ -128,6 +134,20 @@ def run_train(cfg, run_dir: str | Path) -> dict:
     finally:
         if progress.tracker is not None:
             progress.tracker.close()
+
+
+def _close_evaluator(progress: _Progress) -> None:
+    """Close the evaluator and its engine (vLLM's processes, the candidates' adapter directory), if any."""
+    ev = progress.evaluator
+    if ev is None:
+        return
+    for close in (getattr(getattr(ev, "backend", None), "close", None), ev.close):
+        if close is None:
+            continue
+        try:
+            close()
+        except BaseException as e:  # noqa: BLE001 - a dead engine, or a second Ctrl-C: we are exiting anyway
+            log.warning("closing the evaluator after the stop failed: %s: %s", type(e).__name__, e)
 
 
 def _run_train(cfg, run_dir: str | Path, progress: _Progress) -> dict:
@@ -304,7 +324,7 @@ def base_model_rewards(run: TrainRun) -> dict[str, np.ndarray]:
 def mean_ref(run: TrainRun, g: int) -> AdapterRef:
     """The strategy's mean genome written as an adapter for validation after generation ``g`` (index
     P is the centre evaluated in generation g: the mean uses P + 1)."""
-    return run.evaluator.write_candidates(run.strategy.mean[None, :], generation=g, first_candidate=run.P + 1)[0]
+    return run.evaluator.write_candidates(run.strategy.checked_mean()[None, :], generation=g, first_candidate=run.P + 1)[0]
 
 
 def save_checkpoint(run: TrainRun, progress: _Progress) -> None:
@@ -367,7 +387,7 @@ def generation(run: TrainRun, g: int):
     n_prompts = run.state.prompts or cfg.rollout.prompts_per_generation
     batch = minibatch(run.task.train, n_prompts, cfg.seed, g)
     # the centre (the mean genome, index P) shares the prompts and sampling seeds: a paired control
-    evaluated = np.vstack([genomes, strategy.mean[None, :]]) if cfg.rollout.center else genomes
+    evaluated = np.vstack([genomes, strategy.checked_mean()[None, :]]) if cfg.rollout.center else genomes
     if cfg.rollout.fitness == "likelihood":  # the worked solutions' log-likelihood, prefill only
         result = run.evaluator.evaluate_likelihood(evaluated, batch, g)
     else:
@@ -399,7 +419,7 @@ def generation(run: TrainRun, g: int):
 def search_row(run: TrainRun, n_prompts: int) -> dict:
     """Where the search stands after a generation: N, the mean genome's distance from genome zero
     (``mean_norm``, the drift), its cosine with ``oracle_genome`` when one is given."""
-    mean = run.strategy.mean
+    mean = run.strategy.checked_mean()
     row = {"prompts": n_prompts, "mean_norm": float(np.linalg.norm(mean - run.strategy.x0))}
     if run.oracle is not None:
         denom = np.linalg.norm(mean) * np.linalg.norm(run.oracle)
@@ -525,7 +545,7 @@ def _export_adapters(run: TrainRun, final_step: int) -> dict[str, AdapterRef | N
 
     cfg = run.cfg
     conds: dict[str, AdapterRef | None] = {"sft": sft_adapter_ref(run.sft_dir)} if cfg.eval.baselines else {}
-    exports = {"mean": run.strategy.mean}
+    exports = {"mean": run.strategy.checked_mean()}
     if run.state.best_genome is not None:
         exports["best"] = run.state.best_genome
     for name, genome in exports.items():
@@ -538,15 +558,7 @@ def _export_adapters(run: TrainRun, final_step: int) -> dict[str, AdapterRef | N
 def _report_interrupt(progress: _Progress, exc: BaseException) -> None:
     """Close the evaluator and its engine, then print the interrupted run's one line on stderr (resume
     hint, or nothing to resume): last, after whatever vLLM's engine processes print as they stop."""
-    ev = progress.evaluator
-    if ev is not None:
-        for close in (getattr(getattr(ev, "backend", None), "close", None), ev.close):
-            if close is None:
-                continue
-            try:
-                close()
-            except BaseException as e:  # noqa: BLE001 - a dead engine, or a second Ctrl-C: we are exiting anyway
-                log.warning("closing the evaluator after the interrupt failed: %s: %s", type(e).__name__, e)
+    _close_evaluator(progress)
     after = "" if isinstance(exc, KeyboardInterrupt) else f" ({type(exc).__name__} after Ctrl-C)"
     if progress.run_dir is None:
         print(f"\ninterrupted{after} before the run started", file=sys.stderr)

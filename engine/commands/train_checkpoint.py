@@ -22,7 +22,7 @@ from engine import io
 CHECKPOINT = "checkpoint.pkl"
 CHECKPOINT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
-RESUME_KEYS = ("model", "task", "lora", "sft", "strategy", "rollout", "seed")
+RESUME_KEYS = ("model", "task", "lora", "sft", "strategy", "rollout", "reward", "seed")
 """Fields whose change makes a checkpoint meaningless for the resumed run."""
 
 
@@ -143,6 +143,8 @@ def resume_mismatch(ckpt: dict, cfg, run_dir: Path) -> str | None:
     diff = config_diff(old, resume_config(cfg)) if old else []
     if diff and all(a is _UNSET and _added_with_default(k, b) for k, a, b in diff):
         return None
+    if old and not diff:  # the same fields and values; the key was computed over fewer fields (an older version)
+        return None
     if not diff:
         return (f"resume: the config differs from the checkpointed run in one of {RESUME_KEYS}; "
                 f"resume with the same overrides as {run_dir}/.hydra/overrides.yaml")
@@ -150,7 +152,8 @@ def resume_mismatch(ckpt: dict, cfg, run_dir: Path) -> str | None:
     more = f"; and {len(diff) - 5} more" if len(diff) > 5 else ""
     fix = " ".join(f"{k}={_show(a)}" if a is not _UNSET else f"{k} at its default" for k, a, _ in diff[:5])
     return (f"resume: the config differs from the checkpointed run in {len(diff)} field(s) ({shown}{more}); "
-            f"resume with the checkpoint's values{f' ({fix})' if fix else ''} or start a new run without resume")
+            f"resume with the checkpoint's values{f' ({fix})' if fix else ''} (the run's own overrides: "
+            f"{run_dir}/.hydra/overrides.yaml) or start a new run without resume")
 
 
 def open_checkpoint(cfg) -> tuple[Path, dict, RunState]:

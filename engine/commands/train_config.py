@@ -134,9 +134,11 @@ def check_rollout(r) -> None:
 
 
 def check_run_control(cfg) -> None:
-    """Raises ConfigError on ``generations``, ``time_budget_s``, ``deadline_s`` or the ``eval`` group."""
+    """Raises ConfigError on ``generations``, ``seed``, ``time_budget_s``, ``deadline_s`` or the ``eval`` group."""
     if cfg.generations < 0:
         raise ConfigError(f"generations={cfg.generations}: must be >= 0")
+    if cfg.seed < 0:
+        raise ConfigError(f"seed={cfg.seed}: must be an integer >= 0 (numpy and the strategies seed from it), e.g. seed=5")
     if cfg.time_budget_s is not None and not cfg.time_budget_s > 0:
         raise ConfigError(f"time_budget_s={cfg.time_budget_s}: must be > 0 seconds, or null for no budget")
     if cfg.deadline_s is not None and not cfg.deadline_s > 0:

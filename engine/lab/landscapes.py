@@ -159,7 +159,15 @@ class MinibatchParams:
         if bad:
             raise ValueError(f"landscape.options.{bad[0]}: no such knob of the minibatch landscape; "
                              f"knobs: {', '.join(names)}")
-        params = replace(cls(), **{k: type(getattr(cls(), k))(v) for k, v in options.items()})
+        values = {}
+        for k, v in options.items():
+            kind = type(getattr(cls(), k))
+            try:
+                values[k] = kind(v)
+            except (TypeError, ValueError):
+                raise ValueError(f"+landscape.options.{k}={v!r}: must be a {kind.__name__}, e.g. "
+                                 f"+landscape.options.{k}={getattr(cls(), k)}") from None
+        params = replace(cls(), **values)
         params.check()
         return params
 

@@ -111,7 +111,7 @@ def progress_figure(rows: list[dict], summary: dict):
 def write_outputs(run_dir: str | Path, rows: list[dict], summary: dict) -> list[Path]:
     """lab.parquet, lab_summary.json and lab_progress.png into ``run_dir`` (atomic). Returns the paths."""
     run_dir = Path(run_dir)
-    paths = [io.write_parquet(run_dir / "lab.parquet", rows), io.write_json(run_dir / "lab_summary.json", summary)]
+    paths = [io.write_parquet(run_dir / "lab.parquet", rows), io.write_json(run_dir / "lab_summary.json", summary, strict=True)]
     fig = progress_figure(rows, summary)
     with io.atomic_file(run_dir / FIGURE) as tmp:
         fig.savefig(tmp, format="png")

@@ -161,7 +161,7 @@ def generation(s: Setting, strategy, seed: int, g: int, prompts: int, spent: int
     """Run generation ``g`` of ``strategy`` on ``s.landscape`` with N = ``prompts``, after ``spent``
     evaluations, and return its row (:data:`COLUMNS`)."""
     P, land, rollout = s.population_size, s.landscape, s.rollout_or_default()
-    centre = strategy.mean
+    centre = strategy.checked_mean()
     genomes = strategy.ask()  # (P, D)
     variable = prompts if land.variable_prompts else None
     rewards, dense = land.evaluate(np.vstack([genomes, centre]), seed, g, variable, rollout.dense != "off")  # (P + 1, N, 1)
@@ -170,7 +170,7 @@ def generation(s: Setting, strategy, seed: int, g: int, prompts: int, spent: int
     if s.mean_decay:
         strategy.shrink_mean(1.0 - s.mean_decay)
     fit = pop.reshape(P, -1).mean(axis=1)  # logged fitness is the mean reward, as in essa train
-    mean = strategy.mean
+    mean = strategy.checked_mean()
     return {"setting": 0, "label": s.label, "strategy": s.strategy, "seed": seed, "generation": g,
             "prompts": pop.shape[1], "evaluations": spent + P * pop.shape[1], "true_fitness": land.true_fitness(mean),
             "held_out": _held_out_accuracy(land, mean), "fitness_mean": float(fit.mean()),
@@ -192,7 +192,7 @@ def run_seed(s: Setting, seed: int, tick: Callable[[int], None] = lambda k: None
     land, rollout = s.landscape, s.rollout_or_default()
     strategy = s.strategy_cls(dim=land.dim, x0=None, seed=seed, population_size=s.population_size,
                               sigma0=s.sigma0, **s.options)
-    start, true_start = land.held_out(strategy.mean), land.true_fitness(strategy.mean)
+    start, true_start = land.held_out(strategy.checked_mean()), land.true_fitness(strategy.checked_mean())
     rows, n, spent = [], int(rollout.prompts_per_generation), 0
     for g in range(s.generations):
         if s.budget_evaluations is not None and spent + s.population_size * n > s.budget_evaluations:
@@ -202,7 +202,7 @@ def run_seed(s: Setting, seed: int, tick: Callable[[int], None] = lambda k: None
         spent = rows[-1]["evaluations"]
         n = next_prompts(rollout, n, rows[-1]["split_half_rho"])
         tick(1)
-    return SeedResult(rows, start, land.held_out(strategy.mean), true_start, strategy.mean)
+    return SeedResult(rows, start, land.held_out(strategy.checked_mean()), true_start, strategy.checked_mean())
 
 
 def run_settings(settings: list[Setting], seeds: list[int],

@@ -78,7 +78,8 @@ def adapter_root_with_space(configured: str | None, need: int, n_adapters: int) 
         n_adapters: how many (P + 2: the candidates, the centre, the validated mean), for the messages.
 
     Raises:
-        ValueError: no candidate directory has the space (one line naming ``engine.adapter_dir``).
+        ValueError: no candidate directory has the space, or the configured one cannot be created (one
+            line naming ``engine.adapter_dir``).
     """
     import shutil
 
@@ -88,7 +89,10 @@ def adapter_root_with_space(configured: str | None, need: int, n_adapters: int) 
         try:
             root.mkdir(parents=True, exist_ok=True)
             free[root] = shutil.disk_usage(root).free
-        except OSError:
+        except OSError as e:
+            if configured and root == first:  # the user's own choice: say so rather than fall back
+                raise ValueError(f"engine.adapter_dir={configured}: cannot be created or used ({e.strerror or e}); "
+                                 f"choose a writable directory, or leave it unset (/dev/shm)") from None
             continue
         if free[root] >= need:
             if root != first:
