@@ -43,6 +43,34 @@ def reset() -> None:
     _last = signal.SIGINT
 
 
+@contextlib.contextmanager
+def redelivered(period_s: float = 2.0):
+    """Within the block, an interrupt recorded by :func:`handling` that the block's code swallowed is
+    delivered again (SIGINT to this process every ``period_s`` seconds) until the block ends.
+
+    Why: vLLM's ``zmq_socket_ctx`` (vllm/utils/network_utils.py, 0.32) catches ``KeyboardInterrupt``
+    around the engine's start-up handshake and only logs it, so a Ctrl-C while ``LLM(...)`` started
+    its engine left the main process polling for the dead engine until VLLM_ENGINE_READY_TIMEOUT_S
+    (600 s): the run hung until a second Ctrl-C. A no-op outside the main thread.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    seen, done = _count, threading.Event()
+
+    def watch():
+        while not done.wait(period_s):
+            if _count > seen:
+                os.kill(os.getpid(), signal.SIGINT)
+
+    watcher = threading.Thread(target=watch, name="essa-interrupt-redelivery", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
 def exit_status() -> int:
     """The exit status of a run the last recorded signal stopped: 130 for SIGINT, 143 for SIGTERM."""
     return 128 + int(_last)

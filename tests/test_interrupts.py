@@ -379,3 +379,19 @@ def test_a_full_disk_is_one_line_with_the_resume_command(tmp_path, monkeypatch):
         train.run_train(None, tmp_path)
     from engine.cli.hydra_app import USER_ERRORS
     assert issubclass(io.NoSpaceError, USER_ERRORS)
+
+
+def test_an_interrupt_swallowed_inside_redelivered_comes_again():
+    """vLLM's start-up handshake catches KeyboardInterrupt and goes on waiting for its dead engine: within
+    interrupts.redelivered() the recorded Ctrl-C is sent again until it gets through."""
+    swallowed = 0
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts.handling(), interrupts.redelivered(period_s=0.1):
+            try:
+                _deliver_sigint()
+            except KeyboardInterrupt:  # what vllm.utils.network_utils.zmq_socket_ctx does
+                swallowed += 1
+            deadline = time.time() + 5
+            while time.time() < deadline:  # the engine's poll, waiting for a process that died
+                time.sleep(0.01)
+    assert swallowed == 1 and interrupts.requested()

@@ -11,6 +11,7 @@ import os
 import time
 from typing import Sequence
 
+from engine import interrupts
 from engine.backends import AdapterRef, Completion, Sampling
 from engine.config import VLLM_LORA_RANKS
 
@@ -148,7 +149,8 @@ class VLLMBackend:
             kwargs["max_num_batched_tokens"] = max(4096, max_model_len, max_num_seqs)
         kwargs.update(extra or {})
         t0 = time.perf_counter()
-        self.llm = LLM(**kwargs)
+        with interrupts.redelivered():  # vLLM swallows a Ctrl-C during its engine's start-up handshake
+            self.llm = LLM(**kwargs)
         self.startup_s = time.perf_counter() - t0
         self.tokenizer = self.llm.get_tokenizer()
         self.max_loras = max_loras if enable_lora else 0
