@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-GSM8K = Path(os.environ.get("ESSA_DATA", "/work/shared/data")) / "gsm8k" / "test.jsonl"
+GSM8K = Path(os.environ.get("ESSA_DATA", REPO.parent / "shared" / "data")) / "gsm8k" / "test.jsonl"
 N_ADAPTERS, N_PROMPTS, MAX_TOKENS = 4, 4, 32
 
 
@@ -74,7 +74,7 @@ def serve(fast: bool, out_json: str, adapter_dir: str) -> None:
 
 def _run(fast: bool, tmp_path: Path) -> tuple[list[str], str]:
     out = tmp_path / f"texts_{int(fast)}.json"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run([sys.executable, __file__, "1" if fast else "0", str(out), str(tmp_path / f"ad{int(fast)}")],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     log = proc.stdout + proc.stderr
