@@ -455,7 +455,7 @@ def write_markdown(runs: list[RunData], figures: dict[str, Path], skipped: dict[
              "|---|---|---|---|---|---|"]
     for r, lab in zip(runs, labels):
         gens = len(r.metrics) if r.metrics else "-"
-        wall = max([x.get("wall_s") or 0.0 for x in r.metrics + r.validation], default=None)
+        wall = r.summary.get("wall_s") or max([x.get("wall_s") or 0.0 for x in r.metrics + r.validation], default=None)
         lines.append(f"| {lab} | {r.method or '-'} | {r.meta.get('task', '-')} | {gens} | {_fmt(wall, 1)} | "
                      f"[{r.path.name}]({rel(r.path)}) |")
     conds = []
