@@ -36,13 +36,12 @@ The verifier runs in worker processes (`rewards._pool`, kind ``gym``): some eval
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Sequence
 
 from rewards import _pool
 from rewards.extract import extract
-from rewards.math_reward import RewardResult
+from rewards.math_reward import RewardResult, check_scoring_options
 
 ANSWER_FORMATS = ("boxed", "answer_tag")
 _TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -91,12 +90,7 @@ class GymReward:
             raise ValueError(f"dataset must name a reasoning-gym dataset, got {dataset!r}")
         if answer_format not in ANSWER_FORMATS:
             raise ValueError(f"answer_format must be one of {ANSWER_FORMATS}, got {answer_format!r}")
-        if not timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s}")
-        if not math.isfinite(format_weight):
-            raise ValueError(f"format_weight must be finite, got {format_weight}")
-        if workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
+        check_scoring_options(timeout_s, format_weight, workers)
         self.dataset, self.answer_format, self.lenient = dataset, answer_format, lenient
         self.timeout_s, self.format_weight = float(timeout_s), float(format_weight)
         self.workers, self.memory_limit_bytes = workers, memory_limit_bytes

@@ -197,6 +197,20 @@ def _combine(statuses: list[str]) -> Status:
     return "correct"
 
 
+def check_scoring_options(timeout_s: float, format_weight: float, workers: int) -> None:
+    """The options every reward scored in the worker pool shares (MathReward, GymReward).
+
+    Raises:
+        ValueError: ``timeout_s`` not > 0 seconds, ``format_weight`` not finite, or ``workers`` < 1.
+    """
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s}")
+    if not math.isfinite(format_weight):
+        raise ValueError(f"format_weight must be finite, got {format_weight}")
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+
+
 class MathReward:
     """Batched math correctness reward (picklable: it holds settings only).
 
@@ -223,12 +237,7 @@ class MathReward:
         workers: int = 2,
         memory_limit_bytes: int | None = 4 << 30,
     ):
-        if not timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s}")
-        if not math.isfinite(format_weight):
-            raise ValueError(f"format_weight must be finite, got {format_weight}")
-        if workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
+        check_scoring_options(timeout_s, format_weight, workers)
         self.lenient = lenient
         self.timeout_s = float(timeout_s)
         self.format_weight = float(format_weight)
