@@ -114,6 +114,9 @@ def resolve_model_path(path: str, quantization: str | None = None, dtype: str | 
     return path
 
 
+_CONFIRMED_HUB_IDS: set[str] = set()
+
+
 def _check_hub_id(repo_id: str, timeout_s: float = 10.0) -> None:
     """A Hugging Face id must be in the local cache or answer on the hub within ``timeout_s`` seconds.
 
@@ -123,10 +126,11 @@ def _check_hub_id(repo_id: str, timeout_s: float = 10.0) -> None:
     """
     from huggingface_hub import model_info, try_to_load_from_cache
 
-    if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+    if repo_id in _CONFIRMED_HUB_IDS or isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
         return
     try:
         model_info(repo_id, timeout=timeout_s)
+        _CONFIRMED_HUB_IDS.add(repo_id)  # resolve_model_path runs at every phase: ask the hub once
     except Exception as e:  # noqa: BLE001 - offline, unknown id, gated, bad id syntax: the same fix
         raise FileNotFoundError(f"model.path={repo_id!r}: not a local model directory, not in the Hugging Face cache, "
                                 f"and the hub did not confirm it ({type(e).__name__}); fix the id, or download the "

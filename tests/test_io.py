@@ -108,3 +108,17 @@ def test_a_checkpoint_that_names_code_is_unreadable_and_runs_nothing(tmp_path, m
     data = {"a": np.arange(3.0), "rng": np.random.default_rng(0).bit_generator.state, "b": b"x", "s": {1, 2}}
     back = read_pickle(write_pickle(tmp_path / "ok.pkl", data))
     assert back["rng"] == data["rng"] and back["s"] == {1, 2} and np.array_equal(back["a"], data["a"])
+
+
+def test_model_path_that_is_not_a_model_is_one_line(tmp_path, monkeypatch):
+    """A directory without config.json, or a HF id neither cached nor confirmed by the hub (offline here),
+    stops with FileNotFoundError naming model.path before anything loads (it was a transformers traceback)."""
+    from engine.model import resolve_model_path
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match=r"model.path=.* is a directory without config.json"):
+        resolve_model_path(str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=r"model.path='nobody/not-a-model-xyz': not a local model directory"):
+        resolve_model_path("nobody/not-a-model-xyz")
+    (tmp_path / "config.json").write_text("{}")
+    assert resolve_model_path(str(tmp_path)) == str(tmp_path)

@@ -192,7 +192,8 @@ def run_seed(s: Setting, seed: int, tick: Callable[[int], None] = lambda k: None
     land, rollout = s.landscape, s.rollout_or_default()
     strategy = s.strategy_cls(dim=land.dim, x0=None, seed=seed, population_size=s.population_size,
                               sigma0=s.sigma0, **s.options)
-    start, true_start = land.held_out(strategy.checked_mean()), land.true_fitness(strategy.checked_mean())
+    centre = strategy.checked_mean()
+    start, true_start = land.held_out(centre), land.true_fitness(centre)
     rows, n, spent = [], int(rollout.prompts_per_generation), 0
     for g in range(s.generations):
         if s.budget_evaluations is not None and spent + s.population_size * n > s.budget_evaluations:
@@ -202,7 +203,8 @@ def run_seed(s: Setting, seed: int, tick: Callable[[int], None] = lambda k: None
         spent = rows[-1]["evaluations"]
         n = next_prompts(rollout, n, rows[-1]["split_half_rho"])
         tick(1)
-    return SeedResult(rows, start, land.held_out(strategy.checked_mean()), true_start, strategy.checked_mean())
+    centre = strategy.checked_mean()
+    return SeedResult(rows, start, land.held_out(centre), true_start, centre)
 
 
 def run_settings(settings: list[Setting], seeds: list[int],
