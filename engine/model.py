@@ -105,6 +105,8 @@ def resolve_model_path(path: str, quantization: str | None = None, dtype: str | 
     local = Path(path).expanduser()
     if path.startswith(("/", "./", "../", "~")) and not local.exists():
         raise FileNotFoundError(f"model.path={path!r} does not exist; give a model directory or a HF id")
+    if path.startswith(("/", "./", "../", "~")) and local.is_file():  # a single-file checkpoint (GGUF): vLLM's to read
+        return str(local)
     if local.is_dir():
         if not (local / "config.json").is_file():
             raise FileNotFoundError(f"model.path={path!r} is a directory without config.json, not a model; give the "
