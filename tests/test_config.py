@@ -374,3 +374,25 @@ def test_generation_sampling_shares_seeds_between_candidates_and_centre():
     own_cfg = train_cfg("rollout.temperature=0.8", "rollout.common_seeds=false")
     own = generation_sampling(own_cfg.rollout, own_cfg.seed, 3)
     assert len(set(own.request_seeds(prompts * 2, candidates[:2] * 3))) == 6
+
+
+def test_a_plugin_with_a_bad_config_warns_once_per_process(monkeypatch, caplog):
+    """A plugin whose class attribute `config` is not a dict of strategy fields is registered with the
+    schema defaults and warned about once, though train and lab both register it (it warned twice)."""
+    import types
+
+    import strategies
+    from engine.search import plugins
+
+    class BadConfig(strategies.Strategy):
+        config = {"popsize": 8}
+
+    ep = types.SimpleNamespace(name="bad_cfg_plugin", value="tests.fake:BadConfig", load=lambda: BadConfig)
+    monkeypatch.setattr(strategies, "plugin_entry_points", lambda: [ep])
+    monkeypatch.setattr(plugins, "_WARNED", set())
+    with caplog.at_level("WARNING", logger="essa"):
+        register_configs()
+        register_configs()
+    warned = [r for r in caplog.records if "bad_cfg_plugin" in r.getMessage()]
+    assert len(warned) == 1 and "`config` must be a dict" in warned[0].getMessage()
+    assert "bad_cfg_plugin" in plugins.strategy_options_available()

@@ -395,3 +395,35 @@ def test_an_interrupt_swallowed_inside_redelivered_comes_again():
             while time.time() < deadline:  # the engine's poll, waiting for a process that died
                 time.sleep(0.01)
     assert swallowed == 1 and interrupts.requested()
+
+
+def test_a_resumed_runs_log_continues_in_its_own_directory(tmp_path):
+    """essa train resume=<dir>: Hydra logs this invocation to a new directory; the run's own log file in
+    <dir> gets the resumed part too (appended), so one run keeps one log."""
+    import logging
+
+    from engine.commands.train import _continue_log_in
+
+    (tmp_path / "new").mkdir()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "hydra_app.log").write_text("generation 0 line\n")
+    hydra_handler = logging.FileHandler(tmp_path / "new" / "hydra_app.log")
+    hydra_handler.set_name("file")            # as Hydra's job_logging config names it
+    root = logging.getLogger()
+    before, level = list(root.handlers), root.level
+    root.addHandler(hydra_handler)
+    root.setLevel(logging.INFO)
+    try:
+        _continue_log_in(tmp_path / "new")      # resumed into Hydra's own directory: nothing added
+        assert len(root.handlers) == len(before) + 1
+        _continue_log_in(tmp_path / "run")
+        logging.getLogger("essa").warning("gen 1 line")
+    finally:
+        for h in root.handlers[:]:
+            if h not in before:
+                root.removeHandler(h)
+                h.close()
+        root.setLevel(level)
+    kept = (tmp_path / "run" / "hydra_app.log").read_text()
+    assert kept.startswith("generation 0 line\n") and "gen 1 line" in kept and "resume: logging to" in kept
+    assert "gen 1 line" in (tmp_path / "new" / "hydra_app.log").read_text()

@@ -195,3 +195,25 @@ def test_paired_gain_draws_each_runs_difference_with_its_interval(tmp_path):
     legend = [" ".join(t.split()) for t in legend_texts(fig)]
     assert [t.split(": ")[-1] for t in legend] == ["mean (p 0.013, n 500)", "best (p 0.55, n 500)"]
     assert "paired_gain" not in build_figures([load_run(FIXTURE)])
+
+
+def test_cli_exits_1_naming_a_failed_figure_and_writes_the_rest(tmp_path, capsys, monkeypatch):
+    """A figure whose builder raises: the other figures and report.md are written, report.md says
+    which failed and why, and `essa report` exits 1 with one line (it used to exit 0)."""
+    import engine.results.report as report
+
+    def broken(runs, labels, colors):
+        raise KeyError("wall_s")
+
+    monkeypatch.setitem(report.FIGURE_BUILDERS, "sigma", broken)
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURE, run)
+    with pytest.raises(SystemExit) as e:
+        cli([str(run)])
+    assert e.value.code == 1
+    out, err = capsys.readouterr()
+    assert err.strip().startswith("essa: error: 1 figure(s) failed") and "sigma.png" in err and "\n" not in err.strip()
+    written = [Path(p) for p in out.split()]
+    assert len(written) == len(ALL) and all(p.exists() for p in written) and not (run / "report" / "sigma.png").exists()
+    assert "`sigma.png` (error: KeyError" in (run / "report" / "report.md").read_text()
+    assert make_report([run], tmp_path / "lenient")[-1].name == "report.md"   # train's end-of-run report stays lenient

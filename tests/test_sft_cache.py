@@ -86,3 +86,21 @@ def test_cache_lookup_removes_a_killed_warm_starts_temp_dir(tmp_path, monkeypatc
     monkeypatch.setattr(sft, "_train", lambda *a, **k: pytest.fail("the cached adapter should be used"))
     assert sft.warm_start("m", problems, SFT, LORA, "", out_dir=tmp_path, dtype="float32") == tmp_path / key
     assert [p.name for p in tmp_path.iterdir()] == [key]
+
+
+def test_unknown_target_module_names_the_field_and_the_models_layers():
+    """lora.target_modules=[q_proj,qkv] on a model whose attention has q_proj/v_proj: one line naming the
+    field and the model's linear layers (peft used to stop later with a traceback)."""
+    import torch
+
+    from engine.config import ConfigError
+    from engine.lora.sft import check_target_modules
+
+    attn = torch.nn.Module()
+    attn.q_proj, attn.v_proj = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    model = torch.nn.Sequential(attn, torch.nn.LayerNorm(4))
+    check_target_modules(model, ["q_proj", "v_proj"])
+    with pytest.raises(ConfigError) as e:
+        check_target_modules(model, ["q_proj", "qkv"])
+    msg = str(e.value)
+    assert msg.startswith("lora.target_modules: ['qkv']") and "['q_proj', 'v_proj']" in msg and "\n" not in msg

@@ -170,9 +170,26 @@ def open_run(run: TrainRun, progress: _Progress) -> None:
     :func:`engine.commands.train_checkpoint.open_checkpoint`)."""
     if run.cfg.resume:
         run.run_dir, run.ckpt, run.state = open_checkpoint(run.cfg)
+        _continue_log_in(run.run_dir)
     progress.run_dir = run.run_dir
     progress.checkpoint_generation = run.state.generation  # -1 in a new run
     run.run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def _continue_log_in(run_dir: Path) -> None:
+    """A resumed run's log also goes to the resumed directory's own log file (appended), beside the
+    new directory Hydra opened for this invocation, so one run keeps one log. Hydra's log handler is
+    the one its job_logging config names ``file``."""
+    root = logging.getLogger()
+    for h in [h for h in root.handlers if isinstance(h, logging.FileHandler) and h.get_name() == "file"]:
+        target = run_dir / Path(h.baseFilename).name
+        if Path(h.baseFilename).resolve() != target.resolve():
+            extra = logging.FileHandler(target, mode="a")
+            extra.setFormatter(h.formatter)
+            extra.setLevel(h.level)
+            root.addHandler(extra)
+            log.info("resume: logging to %s as well (this invocation's own directory: %s)", target,
+                     Path(h.baseFilename).parent)
 
 
 def fail_fast(run: TrainRun):

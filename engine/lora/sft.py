@@ -23,6 +23,7 @@ import shutil
 import time
 from pathlib import Path
 
+from engine.config import ConfigError
 from engine.interrupts import sigterm_unwinds
 from engine.io import atomic_dir, remove_stale_temp_dirs
 from engine.model import cache_dir
@@ -106,6 +107,23 @@ def warm_start(model_path: str, problems: list[Problem], sft_cfg, lora_cfg, syst
     return final
 
 
+def check_target_modules(model, target_modules) -> None:
+    """Every name in ``lora.target_modules`` is the last part of one of the model's ``nn.Linear``
+    module names (how peft matches a list of names).
+
+    Raises:
+        ConfigError: a name matches no linear layer; the message lists the model's own (peft would
+            stop later with a traceback that does not name the field).
+    """
+    import torch
+
+    linear = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+    unknown = [t for t in target_modules if t not in linear]
+    if unknown:
+        raise ConfigError(f"lora.target_modules: {unknown} are not linear layers of this model; its linear layers "
+                          f"are {linear}, e.g. lora.target_modules=[q_proj,k_proj,v_proj,o_proj]")
+
+
 def _train(model_path, examples, sft_cfg, lora_cfg, system_prompt, out: Path, dtype: str = "float32") -> None:
     import torch
     from peft import LoraConfig, get_peft_model
@@ -117,6 +135,7 @@ def _train(model_path, examples, sft_cfg, lora_cfg, system_prompt, out: Path, dt
                           target_modules=list(lora_cfg.target_modules), task_type="CAUSAL_LM")
     if not sft_cfg.enabled:
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        check_target_modules(model, lora_cfg.target_modules)
         get_peft_model(model, peft_cfg).save_pretrained(str(out))
         tokenizer.save_pretrained(str(out))
         log.info("SFT disabled: saved peft's initial adapter (A Kaiming, B = 0)")
@@ -135,6 +154,7 @@ def _train(model_path, examples, sft_cfg, lora_cfg, system_prompt, out: Path, dt
         completion_only_loss=True, disable_tqdm=False,
     )
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+    check_target_modules(model, lora_cfg.target_modules)
     t0 = time.perf_counter()
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
                          processing_class=tokenizer, peft_config=peft_cfg)

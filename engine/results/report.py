@@ -503,8 +503,17 @@ SKIP_REASONS = {
 }
 
 
+class FigureError(RuntimeError):
+    """Some figures of a report failed (their errors are in report.md and the log); the others and
+    report.md were written. ``paths``: what was written; ``failed``: figure name -> error line."""
+
+    def __init__(self, paths: list[Path], failed: dict[str, str]):
+        self.paths, self.failed = paths, failed
+        super().__init__("; ".join(f"{k}.png: {why}" for k, why in failed.items()))
+
+
 def make_report(run_dirs: list[Path], out_dir: Path, *, runs: list[RunData] | None = None,
-                preamble: list[str] | None = None) -> list[Path]:
+                preamble: list[str] | None = None, strict: bool = False) -> list[Path]:
     """Render the figures and report.md of one or more run directories into ``out_dir``.
 
     Args:
@@ -512,6 +521,8 @@ def make_report(run_dirs: list[Path], out_dir: Path, *, runs: list[RunData] | No
         out_dir: destination (created).
         runs: the runs already loaded (then ``run_dirs`` is not read).
         preamble: Markdown lines put at the top of report.md.
+        strict: raise :class:`FigureError` (after writing everything else) when a figure failed;
+            otherwise a failed figure is a warning and a "Not drawn" line in report.md.
 
     Returns:
         Paths written: the PNG figures, then report.md.
@@ -519,6 +530,7 @@ def make_report(run_dirs: list[Path], out_dir: Path, *, runs: list[RunData] | No
     Raises:
         ValueError: a path is not a run directory or holds a corrupt run file, or ``out_dir`` cannot
             be created (one-line messages).
+        FigureError: ``strict`` and a figure's builder raised.
     """
     runs = [load_run(p) for p in run_dirs] if runs is None else runs
     out_dir = Path(out_dir)
@@ -549,6 +561,9 @@ def make_report(run_dirs: list[Path], out_dir: Path, *, runs: list[RunData] | No
         written[name] = path
     md = write_markdown(runs, written, skipped, out_dir, preamble)
     log.info("report: %d figures and %s", len(written), md)
+    failed = {k: why for k, why in skipped.items() if why.startswith("error: ")}
+    if strict and failed:
+        raise FigureError([*written.values(), md], failed)
     return [*written.values(), md]
 
 
@@ -644,7 +659,7 @@ def sweep_table(jobs: list[SweepJob]) -> list[str]:
     return lines
 
 
-def make_sweep_report(sweep_dir: str | Path, out_dir: str | Path) -> list[Path]:
+def make_sweep_report(sweep_dir: str | Path, out_dir: str | Path, strict: bool = False) -> list[Path]:
     """report.md of a sweep (the :func:`sweep_table`, best first, then the usual run sections) and
     the figures of every job that logged anything, overlaid (legend: job number and overrides).
 
@@ -653,6 +668,7 @@ def make_sweep_report(sweep_dir: str | Path, out_dir: str | Path) -> list[Path]:
 
     Raises:
         ValueError: as :func:`load_sweep` and :func:`make_report`.
+        FigureError: as :func:`make_report` (``strict``).
     """
     jobs = load_sweep(sweep_dir)
     runs = []
@@ -662,12 +678,12 @@ def make_sweep_report(sweep_dir: str | Path, out_dir: str | Path) -> list[Path]:
             run.label = f"job {j.number}: {' '.join(j.overrides) or 'defaults'}"
             runs.append(run)
     pre = [f"## Sweep {Path(sweep_dir)} ({len(jobs)} jobs, best first)", "", *sweep_table(jobs), ""]
-    return make_report([], Path(out_dir), runs=runs, preamble=pre)
+    return make_report([], Path(out_dir), runs=runs, preamble=pre, strict=strict)
 
 
 def cli(argv: list[str] | None = None) -> None:
     """``essa report RUN_DIR [RUN_DIR ...] [--out DIR]``: prints the paths written; exits 2 with one line
-    on a bad path. Returns None (the console script passes main's return value to ``sys.exit``)."""
+    on a bad path, 1 with one line when a figure failed (the others and report.md are written). Returns None (the console script passes main's return value to ``sys.exit``)."""
     parser = argparse.ArgumentParser(prog="essa report", description="PNG figures + report.md of run directories "
                                      "(several runs are overlaid on one axis), or of one sweep directory "
                                      "(multirun/<time>: a table of all jobs, best first).")
@@ -681,23 +697,21 @@ def cli(argv: list[str] | None = None) -> None:
             print(f"essa: error: {d} does not exist; pass a run directory written by essa train, essa grpo or "
                   f"essa eval (outputs/...) or a sweep directory (multirun/<time>)", file=sys.stderr)
             sys.exit(2)
-    if len(args.run_dirs) == 1 and is_sweep_dir(args.run_dirs[0]):  # essa report multirun/<time>
-        try:
-            jobs = load_sweep(args.run_dirs[0])
-            print("\n".join(sweep_table(jobs)))
-            paths = make_sweep_report(args.run_dirs[0], args.out or args.run_dirs[0] / "report")
-        except (ValueError, FileNotFoundError) as e:
-            print(f"essa: error: {str(e).splitlines()[0]}", file=sys.stderr)
-            sys.exit(2)
-        for p in paths:
-            print(p)
-        return
+    sweep = len(args.run_dirs) == 1 and is_sweep_dir(args.run_dirs[0])  # essa report multirun/<time>
     out = args.out or (args.run_dirs[0] / "report" if len(args.run_dirs) == 1
                        else Path("outputs") / "reports" / time.strftime("%Y-%m-%d_%H-%M-%S"))
     try:
-        paths = make_report(args.run_dirs, out)
+        if sweep:
+            print("\n".join(sweep_table(load_sweep(args.run_dirs[0]))))
+            paths = make_sweep_report(args.run_dirs[0], out, strict=True)
+        else:
+            paths = make_report(args.run_dirs, out, strict=True)
     except (ValueError, FileNotFoundError) as e:
         print(f"essa: error: {str(e).splitlines()[0]}", file=sys.stderr)
         sys.exit(2)
+    except FigureError as e:
+        print("\n".join(map(str, e.paths)))
+        print(f"essa: error: {len(e.failed)} figure(s) failed, the rest were written: {e}", file=sys.stderr)
+        sys.exit(1)
     for p in paths:
         print(p)

@@ -23,6 +23,7 @@ log = logging.getLogger("essa")
 
 CONF_STRATEGY_DIR = CONF_DIR / "strategy"
 STRATEGY_FIELDS = ("population_size", "sigma0", "options", "genome")
+_WARNED: set[str] = set()  # "name=value" of plugins whose bad `config` was warned about (train and lab both register)
 
 
 def register_strategy_configs() -> list[str]:
@@ -43,18 +44,26 @@ def register_strategy_configs() -> list[str]:
     for ep in plugin_entry_points():
         if (CONF_STRATEGY_DIR / f"{ep.name}.yaml").is_file():
             continue
-        extra: dict = {}
-        try:
-            extra = getattr(ep.load(), "config", None) or {}
-        except Exception as e:  # noqa: BLE001 - a broken plugin must not break every command
-            log.debug("strategy plugin %s (%s) does not import: %s", ep.name, ep.value, e)
-        if not isinstance(extra, dict) or set(extra) - set(STRATEGY_FIELDS):
-            log.warning("strategy plugin %s: `config` must be a dict with keys among %s; got %r; registered "
-                        "with the schema defaults", ep.name, ", ".join(STRATEGY_FIELDS), extra)
-            extra = {}
-        cs.store(group="strategy", name=ep.name, node={"name": ep.name, **extra}, provider=f"essa.strategies:{ep.value}")
+        cs.store(group="strategy", name=ep.name, node={"name": ep.name, **_plugin_config(ep)}, provider=f"essa.strategies:{ep.value}")
         names.append(ep.name)
     return names
+
+
+def _plugin_config(ep) -> dict:
+    """The ``config`` dict of a plugin's class; {} (with one warning per process) when it is not a dict of
+    StrategyConfig fields, and {} when the plugin does not import (its error surfaces when selected)."""
+    try:
+        extra = getattr(ep.load(), "config", None) or {}
+    except Exception as e:  # noqa: BLE001 - a broken plugin must not break every command
+        log.debug("strategy plugin %s (%s) does not import: %s", ep.name, ep.value, e)
+        return {}
+    if isinstance(extra, dict) and not set(extra) - set(STRATEGY_FIELDS):
+        return extra
+    if f"{ep.name}={ep.value}" not in _WARNED:
+        _WARNED.add(f"{ep.name}={ep.value}")
+        log.warning("strategy plugin %s: `config` must be a dict with keys among %s; got %r; registered "
+                    "with the schema defaults", ep.name, ", ".join(STRATEGY_FIELDS), extra)
+    return {}
 
 
 def strategy_options_available() -> list[str]:
