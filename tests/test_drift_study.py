@@ -38,3 +38,30 @@ def test_table_pairs_against_the_control_and_between_methods_of_a_seed(tmp_path,
     assert out.splitlines()[4].startswith("| sft | 0.250 | - |") and "| grpo_s0 | 0.300 | +5.0 [" in out
     assert "- seed 0: essa_s0 - grpo_s0: +20.0 [" in out
     assert (ev / "drift_study.png").stat().st_size > 1000 and (ev / "drift_study.md").read_text().startswith("KL against `warm_start`")
+
+
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path):
+    import pytest
+
+    kl = {"kl_token": 0.01, "kl_prompt": 0.01}
+    good = {"sft": [1, 0, 0, 1], "essa_s0": [1, 1, 0, 1]}
+    drift = {"warm_start": {"svamp": {"sft": kl, "essa_s0": kl}}}
+    ev = _eval_dir(tmp_path / "ev", "arithmetic", good, drift)
+    cases = {
+        "missing": ([str(tmp_path / "nope")], "eval_summary.json: missing"),
+        "control": ([str(ev), "--control", "base"], "--control base: not a condition"),
+        "reference": ([str(ev), "--reference", "base"], "--reference base: no drift results"),
+        "out": ([str(ev), "--out", str(ev / "eval_summary.json")], "cannot write there"),
+        "accuracy twice": ([str(ev), "--accuracy", str(ev)], "is given twice (or is the eval's own task)"),
+    }
+    for name, (argv, expect) in cases.items():
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert str(e.value).startswith("drift_study: error:") and expect in str(e.value) and "\n" not in str(e.value), name
+    (ev / "eval_drift.json").write_text("{")
+    with pytest.raises(SystemExit, match="not valid JSON"):
+        main([str(ev)])
+    short = _eval_dir(tmp_path / "short", "arithmetic", {"sft": [1, 0, 0, 1], "essa_s0": [1]}, drift)
+    with pytest.raises(SystemExit, match="essa_s0 did not score 3 of sft's problems"):
+        main([str(short)])
+    assert not list(tmp_path.rglob("drift_study.*")) and not list(tmp_path.rglob(".*.tmp.png"))

@@ -417,6 +417,8 @@ def test_a_resumed_runs_log_continues_in_its_own_directory(tmp_path):
         _continue_log_in(tmp_path / "new")      # resumed into Hydra's own directory: nothing added
         assert len(root.handlers) == len(before) + 1
         _continue_log_in(tmp_path / "run")
+        _continue_log_in(tmp_path / "run")      # a second call adds nothing (every line would be written twice)
+        assert len(root.handlers) == len(before) + 2
         logging.getLogger("essa").warning("gen 1 line")
     finally:
         for h in root.handlers[:]:
@@ -426,4 +428,4 @@ def test_a_resumed_runs_log_continues_in_its_own_directory(tmp_path):
         root.setLevel(level)
     kept = (tmp_path / "run" / "hydra_app.log").read_text()
     assert kept.startswith("generation 0 line\n") and "gen 1 line" in kept and "resume: logging to" in kept
-    assert "gen 1 line" in (tmp_path / "new" / "hydra_app.log").read_text()
+    assert "gen 1 line" in (tmp_path / "new" / "hydra_app.log").read_text() and kept.count("gen 1 line") == 1

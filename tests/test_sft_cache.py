@@ -100,7 +100,8 @@ def test_unknown_target_module_names_the_field_and_the_models_layers():
     attn.q_proj, attn.v_proj = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
     model = torch.nn.Sequential(attn, torch.nn.LayerNorm(4))
     check_target_modules(model, ["q_proj", "v_proj"])
+    check_target_modules(model, ["0.q_proj", "1"])          # peft's rule: a full name or a dotted suffix
     with pytest.raises(ConfigError) as e:
-        check_target_modules(model, ["q_proj", "qkv"])
+        check_target_modules(model, ["q_proj", "qkv", "_proj"])
     msg = str(e.value)
-    assert msg.startswith("lora.target_modules: ['qkv']") and "['q_proj', 'v_proj']" in msg and "\n" not in msg
+    assert msg.startswith("lora.target_modules: ['qkv', '_proj']") and "['q_proj', 'v_proj']" in msg and "\n" not in msg

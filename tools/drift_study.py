@@ -25,17 +25,54 @@ from engine import io
 from engine.results.stats import paired_comparison
 
 
+class StudyError(ValueError):
+    """Input the study cannot use; printed as one line."""
+
+
+def read_json(path: Path) -> dict:
+    if not path.is_file():
+        raise StudyError(f"{path}: missing; pass the directory of an `essa eval drift.enabled=true` run")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise StudyError(f"{path}: not valid JSON ({e.msg}, line {e.lineno}); re-run the eval") from None
+
+
 def load_eval(d: Path) -> tuple[dict, dict[str, dict[str, float]]]:
-    """(eval_summary.json, {condition: {problem_id: greedy_correct}}) of an eval directory."""
-    summary = json.loads((d / "eval_summary.json").read_text())
+    """(eval_summary.json, {condition: {problem_id: greedy_correct}}) of an eval directory; only the
+    conditions both files have.
+
+    Raises:
+        StudyError: a missing or unreadable file, or a problem scored twice for one condition.
+    """
+    summary = read_json(d / "eval_summary.json")
+    if not isinstance(summary.get("conditions"), dict) or "task" not in summary:
+        raise StudyError(f"{d / 'eval_summary.json'}: no task or conditions; is it an essa eval directory?")
+    path = d / "eval_problems.parquet"
+    if not path.is_file():
+        raise StudyError(f"{path}: missing; pass the directory of an `essa eval` run")
+    try:
+        rows = pq.read_table(path, columns=["condition", "problem_id", "greedy_correct"]).to_pylist()
+    except Exception as e:  # noqa: BLE001 - pyarrow raises several kinds for a bad file
+        raise StudyError(f"{path}: unreadable ({type(e).__name__}); re-run the eval") from None
     per: dict[str, dict[str, float]] = {}
-    for r in pq.read_table(d / "eval_problems.parquet", columns=["condition", "problem_id", "greedy_correct"]).to_pylist():
-        per.setdefault(r["condition"], {})[r["problem_id"]] = float(r["greedy_correct"] or 0.0)
-    return summary, per
+    for r in rows:
+        got = per.setdefault(r["condition"], {})
+        if r["problem_id"] in got:
+            raise StudyError(f"{path}: problem {r['problem_id']} appears twice for {r['condition']}")
+        got[r["problem_id"]] = float(r["greedy_correct"] or 0.0)
+    keep = set(per) & set(summary["conditions"])
+    summary["conditions"] = {c: v for c, v in summary["conditions"].items() if c in keep}
+    return summary, {c: v for c, v in per.items() if c in keep}
 
 
 def paired(per: dict, treatment: str, control: str) -> dict:
+    """Paired comparison on the control's problems (the treatment must have scored all of them)."""
     ids = sorted(per[control])
+    missing = [i for i in ids if i not in per[treatment]]
+    if missing:
+        raise StudyError(f"{treatment} did not score {len(missing)} of {control}'s problems (e.g. {missing[0]}); "
+                         "evaluate all conditions in one essa eval call")
     return paired_comparison(np.array([per[treatment][i] for i in ids]), np.array([per[control][i] for i in ids]))
 
 
@@ -48,6 +85,10 @@ def method_of(cond: str) -> str:
     return m.group(1) if m else cond
 
 
+def _num(v, digits: int) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
 def table(summary: dict, per: dict, drift: dict, others: dict, control: str) -> list[str]:
     """The Markdown rows: one per condition (the control first)."""
     sets = list(drift)
@@ -58,9 +99,9 @@ def table(summary: dict, per: dict, drift: dict, others: dict, control: str) -> 
     for c in conds:
         acc = summary["conditions"][c]["greedy_accuracy"]
         pair = "-" if c == control else fmt_pair(paired(per, c, control))
-        kls = [f"{drift[s][c]['kl_token']:.4f}" if c in drift[s] else "-" for s in sets]
-        accs = [f"{o['conditions'][c]['greedy_accuracy']:.3f}" if c in o["conditions"] else "-" for o in others.values()]
-        rows.append("| " + " | ".join([c, f"{acc:.3f}", pair, *kls, *accs]) + " |")
+        kls = [_num(drift[s].get(c, {}).get("kl_token"), 4) for s in sets]
+        accs = [_num(o["conditions"].get(c, {}).get("greedy_accuracy"), 3) for o in others.values()]
+        rows.append("| " + " | ".join([c, _num(acc, 3), pair, *kls, *accs]) + " |")
     return rows
 
 
@@ -86,18 +127,48 @@ def figure(summary: dict, per: dict, drift: dict, control: str, path: Path) -> N
     methods = sorted({method_of(c) for c in summary["conditions"] if c != control})
     for i, m in enumerate(methods):
         pts = [(np.mean([drift[s][c]["kl_token"] for s in off]), 100 * paired(per, c, control)["diff"])
-               for c in summary["conditions"] if c != control and method_of(c) == m and all(c in drift[s] for s in off)]
+               for c in summary["conditions"] if c != control and method_of(c) == m
+               and all(drift[s].get(c, {}).get("kl_token") is not None for s in off)]
         if pts:
             ax.scatter(*zip(*pts), color=f"C{i}", label=m)
     ax.axhline(0, color="0.6", linewidth=0.8)
     ax.set_xlabel(f"off-task KL(reference || adapter), nats per token, mean over {', '.join(off)}")
     ax.set_ylabel(f"on-task paired gain over {control}, points")
     ax.set_title("Gain against off-task drift, one point per run")
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    tmp.replace(path)
+    try:
+        fig.savefig(tmp, dpi=120)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def study(args) -> tuple[list[str], dict, dict, dict]:
+    """The Markdown lines, and what the figure needs: (lines, summary, per-problem, drift of the reference).
+
+    Raises:
+        StudyError: unusable input (one line naming it and the fix).
+    """
+    summary, per = load_eval(args.eval_dir)
+    if args.control not in per:
+        raise StudyError(f"--control {args.control}: not a condition of {args.eval_dir} ({', '.join(sorted(per)) or 'none'})")
+    drift_all = read_json(args.eval_dir / "eval_drift.json")
+    ref = args.reference or next(iter(drift_all), None)
+    if ref not in drift_all or not drift_all[ref]:
+        raise StudyError(f"--reference {ref}: no drift results for it in {args.eval_dir / 'eval_drift.json'} "
+                         f"(references: {', '.join(drift_all) or 'none'})")
+    others: dict[str, dict] = {}
+    for d in args.accuracy:
+        other, _ = load_eval(d)
+        if other["task"] in others or other["task"] == summary["task"]:
+            raise StudyError(f"--accuracy {d}: task {other['task']} is given twice (or is the eval's own task)")
+        others[other["task"]] = other
+    lines = [f"KL against `{ref}`; task `{summary['task']}`; {len(per[args.control])} problems", "",
+             *table(summary, per, drift_all[ref], others, args.control), "", *between_methods(per)]
+    return lines, summary, per, drift_all[ref]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -108,19 +179,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--accuracy", type=Path, nargs="*", default=[], help="eval dirs of other tasks (same conditions)")
     ap.add_argument("--out", type=Path, default=None, help="default: EVAL_DIR")
     args = ap.parse_args(argv)
-    summary, per = load_eval(args.eval_dir)
-    if args.control not in per:
-        raise SystemExit(f"--control {args.control}: not a condition of {args.eval_dir} ({', '.join(sorted(per))})")
-    drift_all = json.loads((args.eval_dir / "eval_drift.json").read_text())
-    ref = args.reference or next(iter(drift_all))
-    others = {json.loads((d / "eval_summary.json").read_text())["task"]: json.loads((d / "eval_summary.json").read_text())
-              for d in args.accuracy}
-    lines = [f"KL against `{ref}`; task `{summary.get('task')}`; {len(per[args.control])} problems", "",
-             *table(summary, per, drift_all[ref], others, args.control), "", *between_methods(per)]
     out = args.out or args.eval_dir
-    out.mkdir(parents=True, exist_ok=True)
-    io.atomic_write_bytes(out / "drift_study.md", ("\n".join(lines) + "\n").encode())
-    figure(summary, per, drift_all[ref], args.control, out / "drift_study.png")
+    try:
+        lines, summary, per, drift = study(args)
+    except StudyError as e:
+        raise SystemExit(f"drift_study: error: {e}") from None
+    try:  # the figure first: report.md never names a figure that was not written
+        out.mkdir(parents=True, exist_ok=True)
+        figure(summary, per, drift, args.control, out / "drift_study.png")
+        io.atomic_write_bytes(out / "drift_study.md", ("\n".join(lines) + "\n").encode())
+    except OSError as e:
+        raise SystemExit(f"drift_study: error: --out {out}: cannot write there ({e.strerror or e}); "
+                         "pass a writable directory") from None
     print("\n".join(lines))
     print(f"\nwritten: {out / 'drift_study.md'}, {out / 'drift_study.png'}")
 

@@ -183,13 +183,22 @@ def _continue_log_in(run_dir: Path) -> None:
     root = logging.getLogger()
     for h in [h for h in root.handlers if isinstance(h, logging.FileHandler) and h.get_name() == "file"]:
         target = run_dir / Path(h.baseFilename).name
-        if Path(h.baseFilename).resolve() != target.resolve():
+        logged = [Path(f.baseFilename) for f in root.handlers if isinstance(f, logging.FileHandler)]
+        if not any(_same_file(f, target) for f in logged):
             extra = logging.FileHandler(target, mode="a")
             extra.setFormatter(h.formatter)
             extra.setLevel(h.level)
             root.addHandler(extra)
             log.info("resume: logging to %s as well (this invocation's own directory: %s)", target,
                      Path(h.baseFilename).parent)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Same file (a symlink or hard link counts); a path that does not exist yet is compared by name."""
+    try:
+        return a.samefile(b)
+    except OSError:
+        return a.resolve() == b.resolve()
 
 
 def fail_fast(run: TrainRun):

@@ -108,19 +108,21 @@ def warm_start(model_path: str, problems: list[Problem], sft_cfg, lora_cfg, syst
 
 
 def check_target_modules(model, target_modules) -> None:
-    """Every name in ``lora.target_modules`` is the last part of one of the model's ``nn.Linear``
-    module names (how peft matches a list of names).
+    """Every name in ``lora.target_modules`` matches a module of the model as peft matches a list of
+    names: the module's full name, or a dotted suffix of it (``q_proj``, ``self_attn.q_proj``,
+    ``model.layers.0.self_attn.q_proj``).
 
     Raises:
-        ConfigError: a name matches no linear layer; the message lists the model's own (peft would
+        ConfigError: a name matches no module; the message lists the model's linear layers (peft would
             stop later with a traceback that does not name the field).
     """
     import torch
 
-    linear = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
-    unknown = [t for t in target_modules if t not in linear]
+    names = [name for name, _ in model.named_modules() if name]
+    unknown = [t for t in target_modules if not any(n == t or n.endswith("." + t) for n in names)]
     if unknown:
-        raise ConfigError(f"lora.target_modules: {unknown} are not linear layers of this model; its linear layers "
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        raise ConfigError(f"lora.target_modules: {unknown} match no module of this model; its linear layers "
                           f"are {linear}, e.g. lora.target_modules=[q_proj,k_proj,v_proj,o_proj]")
 
 

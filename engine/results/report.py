@@ -503,6 +503,20 @@ SKIP_REASONS = {
 }
 
 
+def _draw(name: str, builder: Callable, runs, labels, colors, out_dir: Path) -> Path | None:
+    """Build one figure and save it atomically as ``out_dir/<name>.png``; None when the runs have no data for it."""
+    fig = builder(runs, labels, colors)
+    if fig is None:
+        return None
+    path, tmp = out_dir / f"{name}.png", out_dir / f".{name}.tmp.png"
+    try:
+        fig.savefig(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
 class FigureError(RuntimeError):
     """Some figures of a report failed (their errors are in report.md and the log); the others and
     report.md were written. ``paths``: what was written; ``failed``: figure name -> error line."""
@@ -546,19 +560,16 @@ def make_report(run_dirs: list[Path], out_dir: Path, *, runs: list[RunData] | No
     skipped: dict[str, str] = {}
     for name, builder in FIGURE_BUILDERS.items():
         try:
-            fig = builder(runs, labels, colors)
+            path = _draw(name, builder, runs, labels, colors, out_dir)
         except Exception as e:  # noqa: BLE001 - one bad figure must not lose the others
-            log.warning("report: %s.png failed (%s: %s)", name, type(e).__name__, e)
-            skipped[name] = f"error: {type(e).__name__}: {e}"
+            why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            log.warning("report: %s.png failed (%s)", name, why)
+            skipped[name] = f"error: {why}"
             continue
-        if fig is None:
+        if path is None:
             skipped[name] = SKIP_REASONS[name]
-            continue
-        path = out_dir / f"{name}.png"
-        tmp = out_dir / f".{name}.tmp.png"
-        fig.savefig(tmp)
-        os.replace(tmp, path)
-        written[name] = path
+        else:
+            written[name] = path
     md = write_markdown(runs, written, skipped, out_dir, preamble)
     log.info("report: %d figures and %s", len(written), md)
     failed = {k: why for k, why in skipped.items() if why.startswith("error: ")}
