@@ -390,9 +390,14 @@ def test_a_plugin_with_a_bad_config_warns_once_per_process(monkeypatch, caplog):
     ep = types.SimpleNamespace(name="bad_cfg_plugin", value="tests.fake:BadConfig", load=lambda: BadConfig)
     monkeypatch.setattr(strategies, "plugin_entry_points", lambda: [ep])
     monkeypatch.setattr(plugins, "_WARNED", set())
-    with caplog.at_level("WARNING", logger="essa"):
-        register_configs()
-        register_configs()
-    warned = [r for r in caplog.records if "bad_cfg_plugin" in r.getMessage()]
-    assert len(warned) == 1 and "`config` must be a dict" in warned[0].getMessage()
-    assert "bad_cfg_plugin" in plugins.strategy_options_available()
+    from hydra.core.config_store import ConfigStore
+
+    try:
+        with caplog.at_level("WARNING", logger="essa"):
+            register_configs()
+            register_configs()
+        warned = [r for r in caplog.records if "bad_cfg_plugin" in r.getMessage()]
+        assert len(warned) == 1 and "`config` must be a dict" in warned[0].getMessage()
+        assert "bad_cfg_plugin" in plugins.strategy_options_available()
+    finally:  # the ConfigStore is process-wide: other tests list the strategy options
+        ConfigStore.instance().repo.get("strategy", {}).pop("bad_cfg_plugin.yaml", None)
