@@ -80,6 +80,9 @@ def fmt_pair(p: dict) -> str:
     return f"{100 * p['diff']:+.1f} [{100 * p['ci_low']:+.1f}, {100 * p['ci_high']:+.1f}], p {p['p_value']:.2g}"
 
 
+BASE = "no_adapter"  # essa eval's base-model condition: left out of the figure (its gain is far below the runs')
+
+
 def method_of(cond: str) -> str:
     m = re.fullmatch(r"(.+)_s(\d+)", cond)
     return m.group(1) if m else cond
@@ -124,7 +127,7 @@ def figure(summary: dict, per: dict, drift: dict, control: str, path: Path) -> N
 
     off = [s for s in drift if s != summary.get("task")] or list(drift)
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    methods = sorted({method_of(c) for c in summary["conditions"] if c != control})
+    methods = sorted({method_of(c) for c in summary["conditions"] if c not in (control, BASE)})
     for i, m in enumerate(methods):
         pts = [(np.mean([drift[s][c]["kl_token"] for s in off]), 100 * paired(per, c, control)["diff"])
                for c in summary["conditions"] if c != control and method_of(c) == m
@@ -132,7 +135,7 @@ def figure(summary: dict, per: dict, drift: dict, control: str, path: Path) -> N
         if pts:
             ax.scatter(*zip(*pts), color=f"C{i}", label=m)
     ax.axhline(0, color="0.6", linewidth=0.8)
-    ax.set_xlabel(f"off-task KL(reference || adapter), nats per token, mean over {', '.join(off)}")
+    ax.set_xlabel(f"KL(reference || adapter), nats/token, mean over {', '.join(off)}", fontsize=8)
     ax.set_ylabel(f"on-task paired gain over {control}, points")
     ax.set_title("Gain against off-task drift, one point per run")
     if ax.get_legend_handles_labels()[0]:
