@@ -64,4 +64,4 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path):
     short = _eval_dir(tmp_path / "short", "arithmetic", {"sft": [1, 0, 0, 1], "essa_s0": [1]}, drift)
     with pytest.raises(SystemExit, match="essa_s0 did not score 3 of sft's problems"):
         main([str(short)])
-    assert not list(tmp_path.rglob("drift_study.*")) and not list(tmp_path.rglob(".*.tmp.png"))
+    assert not list(tmp_path.rglob("drift_study.*")) and not list(tmp_path.rglob(".*tmp*"))

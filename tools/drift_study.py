@@ -141,12 +141,8 @@ def figure(summary: dict, per: dict, drift: dict, control: str, path: Path) -> N
     if ax.get_legend_handles_labels()[0]:
         ax.legend()
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    try:
-        fig.savefig(tmp, dpi=120)
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with io.atomic_file(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
 
 
 def study(args) -> tuple[list[str], dict, dict, dict]:

@@ -508,12 +508,9 @@ def _draw(name: str, builder: Callable, runs, labels, colors, out_dir: Path) -> 
     fig = builder(runs, labels, colors)
     if fig is None:
         return None
-    path, tmp = out_dir / f"{name}.png", out_dir / f".{name}.tmp.png"
-    try:
-        fig.savefig(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    path = out_dir / f"{name}.png"
+    with io.atomic_file(path) as tmp:
+        fig.savefig(tmp, format="png")
     return path
 
 
