@@ -71,8 +71,8 @@ def get_strategy(name_or_target: str, field: str | None = None) -> type[Strategy
     Raises:
         ValueError: if nothing matches (one line naming the field and value, listing the built-in
             names and the installed plugins, and how to register a plugin) or the match is not a
-            Strategy subclass, or an installed plugin's entry point does not import (ImportError or
-            AttributeError, named with the entry point). Errors raised while importing a dotted path's
+            Strategy subclass, or an installed plugin's entry point does not import (any exception or
+            ``SystemExit`` from its import, named with the entry point). Errors raised while importing a dotted path's
             module propagate unchanged.
     """
     where = f"{field}={name_or_target!r}" if field else f"strategy {name_or_target!r}"
@@ -83,7 +83,7 @@ def get_strategy(name_or_target: str, field: str | None = None) -> type[Strategy
         if ep.name == name_or_target:
             try:
                 loaded = ep.load()
-            except (ImportError, AttributeError) as err:
+            except (Exception, SystemExit) as err:  # noqa: BLE001 - whatever the plugin's import raises (sys.exit too)
                 raise ValueError(f"{where}: the plugin's entry point {ep.value} does not load ({type(err).__name__}: "
                                  f"{err}); fix or reinstall the plugin package, or pick another strategy") from err
             return _check(loaded, f"entry point {ep.name!r} ({ep.value})")

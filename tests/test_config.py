@@ -401,3 +401,28 @@ def test_a_plugin_with_a_bad_config_warns_once_per_process(monkeypatch, caplog):
         assert "bad_cfg_plugin" in plugins.strategy_options_available()
     finally:  # the ConfigStore is process-wide: other tests list the strategy options
         ConfigStore.instance().repo.get("strategy", {}).pop("bad_cfg_plugin.yaml", None)
+
+
+def test_a_plugin_whose_import_calls_sys_exit_breaks_no_command_and_is_one_line_when_picked(monkeypatch):
+    """A plugin module that calls sys.exit() on import used to stop every command (SystemExit escaped
+    the import guard); it is now registered by name, and picking it is one ValueError naming it."""
+    import types
+
+    import strategies
+    from engine.search import plugins
+
+    def exits():
+        raise SystemExit(3)
+
+    ep = types.SimpleNamespace(name="exiting_plugin", value="tests.fake:Exits", load=exits)
+    monkeypatch.setattr(strategies, "plugin_entry_points", lambda: [ep])
+    from hydra.core.config_store import ConfigStore
+
+    try:
+        register_configs()
+        assert "exiting_plugin" in plugins.strategy_options_available()
+        with pytest.raises(ValueError, match=r"strategy\.name='exiting_plugin': the plugin's entry point "
+                                             r"tests\.fake:Exits does not load \(SystemExit: 3\)"):
+            strategies.get_strategy("exiting_plugin", field="strategy.name")
+    finally:
+        ConfigStore.instance().repo.get("strategy", {}).pop("exiting_plugin.yaml", None)

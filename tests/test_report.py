@@ -168,6 +168,19 @@ def test_corrupt_run_files_name_the_file(tmp_path, capsys):
         assert ex.value.code == 2 and err.startswith("essa: error:") and str(run / name) in err and "\n" not in err
 
 
+def test_validation_rows_without_a_condition_name_the_file(tmp_path, capsys):
+    """A validation.parquet without the `condition` column was a bare KeyError "'condition'" (exit 2, no report)."""
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURE, run)
+    table = pq.read_table(run / "validation.parquet")
+    pq.write_table(table.drop(["condition"]), run / "validation.parquet")
+    with pytest.raises(SystemExit) as ex:
+        cli([str(run), "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err.strip()
+    assert ex.value.code == 2 and str(run / "validation.parquet") in err and "'condition'" in err
+    assert "\n" not in err and "leave this run out" in err
+
+
 def test_cli_unwritable_out_names_the_argument(tmp_path, capsys):
     blocker = tmp_path / "a_file"
     blocker.write_text("x")

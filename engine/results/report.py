@@ -48,6 +48,10 @@ from engine import io
 from engine.results.stats import ordered
 
 log = logging.getLogger("essa.report")
+# Drawing log-scale tick labels, mathtext looks for STIX / Computer Modern fonts and logs about 20
+# "findfont: ... not found" warnings per report where they are not installed; its DejaVu fallback draws
+# the same labels, so only errors from the font manager are shown.
+logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
 
 RUN_FILES = ("run.json", "metrics.parquet", "validation.parquet", "eval_summary.json", "summary.json")
 CONDITION_STYLE = {  # marker, linestyle per validation condition
@@ -121,7 +125,7 @@ def load_run(path: str | Path) -> RunData:
     Raises:
         ValueError: the path is not a directory holding any of run.json, metrics.parquet,
             validation.parquet or eval_summary.json (also under eval/ or eval_*/), or one of
-            those files is corrupt (the message names it).
+            those files is corrupt (the message names it), or a validation row has no ``condition``.
     """
     path = Path(path)
     evals = _eval_dirs(path) if path.is_dir() else []
@@ -134,6 +138,9 @@ def load_run(path: str | Path) -> RunData:
     metrics = sorted(_read_parquet(path / "metrics.parquet"), key=lambda r: r.get("generation", 0))
     validation = sorted(_read_parquet(path / "validation.parquet"),
                         key=lambda r: (r.get("step", 0), r.get("wall_s", 0)))
+    if any(r.get("condition") is None for r in validation):
+        raise ValueError(f"{path / 'validation.parquet'} has rows without a 'condition' (essa train, grpo and eval "
+                         f"write one per row); fix or remove the file, or leave this run out")
     summary = {}
     if (path / "summary.json").is_file():
         try:  # only the paired-gain figure needs it: a damaged one costs that figure, not the report

@@ -54,7 +54,7 @@ def _plugin_config(ep) -> dict:
     StrategyConfig fields, and {} when the plugin does not import (its error surfaces when selected)."""
     try:
         extra = getattr(ep.load(), "config", None) or {}
-    except Exception as e:  # noqa: BLE001 - a broken plugin must not break every command
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - a broken plugin (even one calling sys.exit) must not break every command
         log.debug("strategy plugin %s (%s) does not import: %s", ep.name, ep.value, e)
         return {}
     if isinstance(extra, dict) and not set(extra) - set(STRATEGY_FIELDS):
