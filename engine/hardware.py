@@ -24,7 +24,9 @@ Xeon, one thread, (200 x 576) @ (576 x 1536) in bf16: 0.31 ms plain, 0.35 ms wit
 ``ATEN_CPU_CAPABILITY=avx2``, 144 ms with ``ONEDNN_MAX_CPU_ISA=AVX2``; pytorch issue 82881), so it
 no longer counts. Setting ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`` emulates an AVX2-only
 machine on an AVX-512 one (docs/RESULTS.md). Neither changes ``torch.cpu._is_amx_tile_supported()``,
-which vLLM's quantized CPU kernels (and :func:`engine.model.check_quantization`) read.
+which vLLM's CPU attention and quantized kernels (and :func:`engine.model.check_quantization`) read; in
+vLLM's processes the engine's plugin makes it follow a cap that switches AMX off
+(:func:`amx_switched_off`), without which vLLM dies there with SIGILL.
 """
 from __future__ import annotations
 
@@ -173,6 +175,24 @@ def read_cpu_info(cpuinfo: str | Path = "/proc/cpuinfo", environ: Mapping[str, s
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return CPUInfo(model=model, flags=flags, cores=cores, capped_by=capped,
                    onednn=onednn_available() if onednn is None else bool(onednn))
+
+
+def amx_switched_off(environ: Mapping[str, str] | None = None, cpuinfo: str | Path = "/proc/cpuinfo") -> str | None:
+    """The ``ONEDNN_MAX_CPU_ISA=<value>`` setting that switches AMX off on a CPU that has it, else None.
+
+    oneDNN asks Linux for permission to use the AMX tile registers (``arch_prctl(ARCH_REQ_XCOMP_PERM)``)
+    only when its ISA includes AMX. Capped below AMX it never asks, and the first AMX instruction any
+    other library runs in the process dies with SIGILL: vLLM's CPU attention picks its AMX kernel for
+    bf16 from ``torch.cpu._is_amx_tile_supported()``, which reads the CPU, not the cap (seen with
+    ``ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16`` on an AMX Xeon: the engine worker exited with code -4 on
+    its first batch). :func:`engine.backends.fast_lora.plugin.register` reads this to tell vLLM the CPU
+    has no AMX, which is also what a CPU without AMX (the machine the cap emulates) would report.
+    """
+    raw = read_cpu_info(cpuinfo, environ={}, onednn=True).flags
+    if "amx_tile" not in raw:
+        return None
+    capped, by = cap_flags(raw, os.environ if environ is None else environ)
+    return by if "amx_tile" not in capped else None
 
 
 def detect_device() -> DeviceInfo:

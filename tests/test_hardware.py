@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from engine.hardware import (CPUInfo, DeviceInfo, GPUInfo, cap_flags, canonical_dtype, dtype_record, read_cpu_info,
+from engine.hardware import (CPUInfo, DeviceInfo, GPUInfo, amx_switched_off, cap_flags, canonical_dtype, dtype_record, read_cpu_info,
                              resolve_dtype)
 
 BASE = "fpu sse sse2 ssse3 sse4_1 sse4_2 avx fma f16c"
@@ -119,6 +119,35 @@ def test_environment_caps_the_flags(tmp_path, environ, isa, native):
     if info.capped_by:
         assert info.capped_by.split("=")[0] in environ
         assert info.capped_by in resolve_dtype("auto", DeviceInfo(cpu=info))[1]
+
+
+@pytest.mark.parametrize("flags, environ, expect", [
+    ("AMX", {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, "ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16"),  # the no-AMX emulation
+    ("AMX", {"ONEDNN_MAX_CPU_ISA": "AVX2"}, "ONEDNN_MAX_CPU_ISA=AVX2"),
+    ("AMX", {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}, None),   # AMX kept
+    ("AMX", {"ATEN_CPU_CAPABILITY": "avx2"}, None),             # not oneDNN's cap
+    ("AMX", {}, None),
+    ("AVX2", {"ONEDNN_MAX_CPU_ISA": "AVX2"}, None),             # no AMX to switch off
+])
+def test_amx_switched_off_only_where_a_cap_removes_amx_the_cpu_has(tmp_path, flags, environ, expect):
+    f = tmp_path / "cpuinfo"
+    f.write_text(f"model name\t: Fake\nflags\t\t: {AMX if flags == 'AMX' else AVX2}\n")
+    assert amx_switched_off(environ, cpuinfo=f) == expect
+
+
+def test_the_vllm_plugin_tells_torch_there_is_no_amx_only_under_such_a_cap(monkeypatch):
+    """vLLM's CPU attention picks AMX from torch.cpu._is_amx_tile_supported(); under an AMX-removing oneDNN
+    cap the kernel never granted AMX to the process, and that kernel died with SIGILL."""
+    import torch
+
+    from engine.backends.fast_lora import plugin
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    monkeypatch.setattr("engine.hardware.amx_switched_off", lambda: None)
+    assert plugin.follow_amx_cap() is None and torch.cpu._is_amx_tile_supported() is True
+    monkeypatch.setattr("engine.hardware.amx_switched_off", lambda: "ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16")
+    assert plugin.follow_amx_cap() == "ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16"
+    assert torch.cpu._is_amx_tile_supported() is False
 
 
 def test_cap_flags_keeps_unrelated_flags():

@@ -19,6 +19,10 @@ installed on CPU whether the fast kernels are on or off (the fast wrapper falls 
 while torch.compile traces). On other versions nothing in vLLM is patched and the back-end serves
 no-adapter requests in a batch of their own (:func:`no_adapter_plan`).
 
+An ISA cap that switches AMX off (``ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16`` on an AMX Xeon, the way the
+docs emulate a CPU without AMX): :func:`follow_amx_cap` tells vLLM the CPU has no AMX, because oneDNN
+never asked the kernel for the AMX registers and vLLM's AMX attention would die with SIGILL.
+
 Switch (environment, read at engine start in each process):
     ESSA_FAST_LORA=1 (default) install on tested vLLM versions on CPU;
     ESSA_FAST_LORA=0 (also false/off/no) keep vLLM's own kernels;
@@ -187,6 +191,23 @@ def install_prompt_row_guard() -> None:
         PunicaWrapperCPU.add_lora_logits = _prompt_row_guard(PunicaWrapperCPU.add_lora_logits)
 
 
+def follow_amx_cap() -> str | None:
+    """Where ``ONEDNN_MAX_CPU_ISA`` switches AMX off on an AMX CPU (:func:`engine.hardware.amx_switched_off`),
+    make ``torch.cpu._is_amx_tile_supported()`` answer False in this process, so vLLM's CPU attention takes
+    its AVX-512 kernel instead of an AMX one that oneDNN never got the kernel's permission for (SIGILL).
+
+    Returns:
+        The cap (``"ONEDNN_MAX_CPU_ISA=<value>"``) when it patched torch, else None.
+    """
+    from engine.hardware import amx_switched_off
+
+    cap = amx_switched_off()
+    if cap is not None:
+        import torch
+        torch.cpu._is_amx_tile_supported = lambda: False
+    return cap
+
+
 def no_adapter_plan(cpu: bool, mask: bool, fast: bool, enforce_eager: bool = True) -> str:
     """How a request without an adapter is kept on the base model when it shares a batch with
     adapter requests, in an engine started with these settings.
@@ -240,6 +261,9 @@ def register() -> None:
         if not current_platform.is_cpu():
             return
         log = _logger()
+        cap = follow_amx_cap()
+        if cap is not None:
+            log.info("essa: %s switches AMX off; vLLM is told the CPU has no AMX (pid %d).", cap, os.getpid())
         version = vllm_version()
         if version in MASK_VLLM_VERSIONS and not no_lora_mask_installed():
             install_no_lora_mask()
