@@ -47,8 +47,10 @@ _ONEDNN_CAPS = {
     "SSE41": ("avx", "amx"), "AVX": ("avx2", "avx512", "amx"), "AVX2": ("avx512", "amx"),
     "AVX2_VNNI": ("avx512", "amx"), "AVX2_VNNI_2": ("avx512", "amx"),
     "AVX512_CORE": ("avx512_bf16", "avx512_fp16", "amx"), "AVX512_CORE_VNNI": ("avx512_bf16", "avx512_fp16", "amx"),
-    "AVX512_CORE_BF16": ("avx512_fp16", "amx"), "AVX512_CORE_FP16": ("amx",),
+    "AVX512_CORE_BF16": ("avx512_fp16", "amx"), "AVX512_CORE_FP16": ("amx",), "AVX10_1_512": ("amx",),
 }
+# oneDNN reads its ISA cap from ONEDNN_MAX_CPU_ISA, or from the older DNNL_MAX_CPU_ISA when that is unset.
+_CAP_VARS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
 
 
 @dataclass(frozen=True)
@@ -121,18 +123,21 @@ class DeviceInfo:
 
 
 def cap_flags(flags: frozenset[str], environ: Mapping[str, str]) -> tuple[frozenset[str], str | None]:
-    """Drop the flags that ``ONEDNN_MAX_CPU_ISA`` in ``environ`` switches off for oneDNN's GEMMs.
+    """Drop the flags that ``ONEDNN_MAX_CPU_ISA`` (or, when unset, ``DNNL_MAX_CPU_ISA``) in ``environ``
+    switches off for oneDNN's GEMMs. The value is matched as oneDNN matches it: any case, no spaces
+    (oneDNN ignores a value with spaces, and so does this).
 
     ``ATEN_CPU_CAPABILITY`` is ignored on purpose: it selects ATen's element-wise kernels, not the
     matmul path (module docstring).
 
     Returns:
-        (remaining flags, ``"ONEDNN_MAX_CPU_ISA=<value>"`` when it removed any, else None).
+        (remaining flags, ``"<variable>=<value>"`` when it removed any, else None).
     """
-    value = environ.get("ONEDNN_MAX_CPU_ISA", "").strip()
+    var = next((v for v in _CAP_VARS if environ.get(v)), _CAP_VARS[0])
+    value = environ.get(var, "")
     prefixes = _ONEDNN_CAPS.get(value.upper(), ())
     gone = {f for f in flags if f.startswith(prefixes)} if prefixes else set()
-    return frozenset(flags - gone), (f"ONEDNN_MAX_CPU_ISA={value}" if gone else None)
+    return frozenset(flags - gone), (f"{var}={value}" if gone else None)
 
 
 def onednn_available() -> bool:

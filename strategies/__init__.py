@@ -56,6 +56,12 @@ def _check(obj: object, where: str) -> type[Strategy]:
     return obj
 
 
+def _one_line(err: BaseException) -> str:
+    """``"<Type>: <message>"`` on one line (newlines folded into " / "), or the type alone without a message."""
+    text = " / ".join(line.strip() for line in str(err).splitlines() if line.strip())
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
 def get_strategy(name_or_target: str, field: str | None = None) -> type[Strategy]:
     """Resolve a strategy class by registry name, entry point, or dotted path.
 
@@ -72,8 +78,9 @@ def get_strategy(name_or_target: str, field: str | None = None) -> type[Strategy
         ValueError: if nothing matches (one line naming the field and value, listing the built-in
             names and the installed plugins, and how to register a plugin) or the match is not a
             Strategy subclass, or an installed plugin's entry point does not import (any exception or
-            ``SystemExit`` from its import, named with the entry point). Errors raised while importing a dotted path's
-            module propagate unchanged.
+            ``SystemExit`` from its import, named with the entry point), or a dotted path's module calls
+            ``sys.exit`` on import. Other errors raised while importing a dotted path's module propagate
+            unchanged.
     """
     where = f"{field}={name_or_target!r}" if field else f"strategy {name_or_target!r}"
     if name_or_target in REGISTRY:
@@ -84,8 +91,8 @@ def get_strategy(name_or_target: str, field: str | None = None) -> type[Strategy
             try:
                 loaded = ep.load()
             except (Exception, SystemExit) as err:  # noqa: BLE001 - whatever the plugin's import raises (sys.exit too)
-                raise ValueError(f"{where}: the plugin's entry point {ep.value} does not load ({type(err).__name__}: "
-                                 f"{err}); fix or reinstall the plugin package, or pick another strategy") from err
+                raise ValueError(f"{where}: the plugin's entry point {ep.value} does not load ({_one_line(err)}); "
+                                 f"fix or reinstall the plugin package, or pick another strategy") from err
             return _check(loaded, f"entry point {ep.name!r} ({ep.value})")
     module_name, _, attr = name_or_target.rpartition(".")
     if module_name:
@@ -94,6 +101,9 @@ def get_strategy(name_or_target: str, field: str | None = None) -> type[Strategy
         except ModuleNotFoundError as err:
             if err.name is None or not (module_name == err.name or module_name.startswith(err.name + ".")):
                 raise  # the plugin module exists but one of its own imports is missing
+        except SystemExit as err:  # a module that exits on import would end the command silently, even with rc 0
+            raise ValueError(f"{where}: importing module {module_name!r} called sys.exit ({_one_line(err)}); "
+                             f"fix the module, or pick another strategy") from err
         else:
             if not hasattr(module, attr):
                 raise ValueError(f"{where}: module {module_name!r} has no attribute {attr!r}; fix the dotted path "

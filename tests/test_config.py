@@ -426,3 +426,17 @@ def test_a_plugin_whose_import_calls_sys_exit_breaks_no_command_and_is_one_line_
             strategies.get_strategy("exiting_plugin", field="strategy.name")
     finally:
         ConfigStore.instance().repo.get("strategy", {}).pop("exiting_plugin.yaml", None)
+
+
+def test_a_dotted_path_whose_module_calls_sys_exit_is_one_line(tmp_path, monkeypatch):
+    """strategy._target_=pkg.Cls of a module that calls sys.exit(0) on import ended the command with rc 0 and
+    no output; a multi-line import error is folded into the one line."""
+    import strategies
+
+    (tmp_path / "exits_on_import.py").write_text("import sys\nsys.exit(0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match=r"^strategy\._target_='exits_on_import\.Cls': importing module "
+                                         r"'exits_on_import' called sys\.exit \(SystemExit: 0\)"):
+        strategies.get_strategy("exits_on_import.Cls", field="strategy._target_")
+    assert strategies._one_line(RuntimeError("line one\n  line two\n")) == "RuntimeError: line one / line two"
+    assert strategies._one_line(SystemExit()) == "SystemExit"

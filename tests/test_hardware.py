@@ -124,6 +124,11 @@ def test_environment_caps_the_flags(tmp_path, environ, isa, native):
 @pytest.mark.parametrize("flags, environ, expect", [
     ("AMX", {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, "ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16"),  # the no-AMX emulation
     ("AMX", {"ONEDNN_MAX_CPU_ISA": "AVX2"}, "ONEDNN_MAX_CPU_ISA=AVX2"),
+    ("AMX", {"ONEDNN_MAX_CPU_ISA": "AVX10_1_512"}, "ONEDNN_MAX_CPU_ISA=AVX10_1_512"),  # oneDNN's name for FP16's level
+    ("AMX", {"DNNL_MAX_CPU_ISA": "AVX512_CORE_BF16"}, "DNNL_MAX_CPU_ISA=AVX512_CORE_BF16"),  # the older variable
+    ("AMX", {"DNNL_MAX_CPU_ISA": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}, None),  # the newer one wins
+    ("AMX", {"ONEDNN_MAX_CPU_ISA": " AVX512_CORE_BF16 "}, None),  # oneDNN ignores a value with spaces
+    ("AMX", {"ONEDNN_MAX_CPU_ISA": "avx512_core_bf16"}, "ONEDNN_MAX_CPU_ISA=avx512_core_bf16"),
     ("AMX", {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}, None),   # AMX kept
     ("AMX", {"ATEN_CPU_CAPABILITY": "avx2"}, None),             # not oneDNN's cap
     ("AMX", {}, None),

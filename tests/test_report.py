@@ -168,16 +168,21 @@ def test_corrupt_run_files_name_the_file(tmp_path, capsys):
         assert ex.value.code == 2 and err.startswith("essa: error:") and str(run / name) in err and "\n" not in err
 
 
-def test_validation_rows_without_a_condition_name_the_file(tmp_path, capsys):
-    """A validation.parquet without the `condition` column was a bare KeyError "'condition'" (exit 2, no report)."""
+@pytest.mark.parametrize("name, column", [("validation.parquet", "condition"), ("validation.parquet", "step"),
+                                          ("metrics.parquet", "generation")])
+def test_rows_without_a_key_column_name_the_file(tmp_path, capsys, name, column):
+    """A validation.parquet without `condition` was a bare KeyError "'condition'"; a None `step` or `generation`
+    a TypeError traceback from the sort (exit 1). Both are one line naming the file and column now (exit 2)."""
     run = tmp_path / "run"
     shutil.copytree(FIXTURE, run)
-    table = pq.read_table(run / "validation.parquet")
-    pq.write_table(table.drop(["condition"]), run / "validation.parquet")
+    table = pq.read_table(run / name)
+    i = table.column_names.index(column)
+    nulls = pa.nulls(table.num_rows, type=table.schema.field(column).type)
+    pq.write_table(table.set_column(i, column, nulls) if column != "condition" else table.drop([column]), run / name)
     with pytest.raises(SystemExit) as ex:
         cli([str(run), "--out", str(tmp_path / "r")])
     err = capsys.readouterr().err.strip()
-    assert ex.value.code == 2 and str(run / "validation.parquet") in err and "'condition'" in err
+    assert ex.value.code == 2 and str(run / name) in err and f"'{column}'" in err
     assert "\n" not in err and "leave this run out" in err
 
 

@@ -119,13 +119,25 @@ def _read_parquet(path: Path) -> list[dict]:
         raise ValueError(f"{e}; fix or remove the file, or leave this run out") from None
 
 
+def _rows_with(path: Path, keys: tuple[str, ...]) -> list[dict]:
+    """:func:`_read_parquet`'s rows, every one holding a value for each of ``keys`` (the columns the report
+    orders and groups by). Raises ValueError naming the file and the column otherwise."""
+    rows = _read_parquet(path)
+    for key in keys:
+        if any(r.get(key) is None for r in rows):
+            raise ValueError(f"{path} has rows without a '{key}' (essa train, grpo and eval write one per row); "
+                             f"fix or remove the file, or leave this run out")
+    return rows
+
+
 def load_run(path: str | Path) -> RunData:
     """Read one run directory.
 
     Raises:
         ValueError: the path is not a directory holding any of run.json, metrics.parquet,
             validation.parquet or eval_summary.json (also under eval/ or eval_*/), or one of
-            those files is corrupt (the message names it), or a validation row has no ``condition``.
+            those files is corrupt (the message names it), or a row has no ``generation`` (metrics) or no
+            ``condition`` or ``step`` (validation).
     """
     path = Path(path)
     evals = _eval_dirs(path) if path.is_dir() else []
@@ -135,12 +147,9 @@ def load_run(path: str | Path) -> RunData:
     meta = _read_json(path / "run.json") if (path / "run.json").is_file() else {}
     summaries = [(d, _read_json(d / "eval_summary.json")) for d in evals]
     label = meta.get("label") or (summaries[0][1].get("label") if summaries and not meta else None) or path.name
-    metrics = sorted(_read_parquet(path / "metrics.parquet"), key=lambda r: r.get("generation", 0))
-    validation = sorted(_read_parquet(path / "validation.parquet"),
-                        key=lambda r: (r.get("step", 0), r.get("wall_s", 0)))
-    if any(r.get("condition") is None for r in validation):
-        raise ValueError(f"{path / 'validation.parquet'} has rows without a 'condition' (essa train, grpo and eval "
-                         f"write one per row); fix or remove the file, or leave this run out")
+    metrics = sorted(_rows_with(path / "metrics.parquet", ("generation",)), key=lambda r: r["generation"])
+    validation = sorted(_rows_with(path / "validation.parquet", ("condition", "step")),
+                        key=lambda r: (r["step"], r.get("wall_s") or 0))
     summary = {}
     if (path / "summary.json").is_file():
         try:  # only the paired-gain figure needs it: a damaged one costs that figure, not the report
