@@ -183,7 +183,8 @@ def read_cpu_info(cpuinfo: str | Path = "/proc/cpuinfo", environ: Mapping[str, s
 
 
 def amx_switched_off(environ: Mapping[str, str] | None = None, cpuinfo: str | Path = "/proc/cpuinfo") -> str | None:
-    """The ``ONEDNN_MAX_CPU_ISA=<value>`` setting that switches AMX off on a CPU that has it, else None.
+    """The oneDNN cap (``"ONEDNN_MAX_CPU_ISA=<value>"`` or ``"DNNL_MAX_CPU_ISA=<value>"``, :func:`cap_flags`)
+    that switches AMX off on a CPU that has it, else None.
 
     oneDNN asks Linux for permission to use the AMX tile registers (``arch_prctl(ARCH_REQ_XCOMP_PERM)``)
     only when its ISA includes AMX. Capped below AMX it never asks, and the first AMX instruction any

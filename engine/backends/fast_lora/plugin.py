@@ -192,12 +192,13 @@ def install_prompt_row_guard() -> None:
 
 
 def follow_amx_cap() -> str | None:
-    """Where ``ONEDNN_MAX_CPU_ISA`` switches AMX off on an AMX CPU (:func:`engine.hardware.amx_switched_off`),
+    """Where ``ONEDNN_MAX_CPU_ISA`` (or ``DNNL_MAX_CPU_ISA``) switches AMX off on an AMX CPU (:func:`engine.hardware.amx_switched_off`),
     make ``torch.cpu._is_amx_tile_supported()`` answer False in this process, so vLLM's CPU attention takes
     its AVX-512 kernel instead of an AMX one that oneDNN never got the kernel's permission for (SIGILL).
 
     Returns:
-        The cap (``"ONEDNN_MAX_CPU_ISA=<value>"``) when it patched torch, else None.
+        The cap (``"ONEDNN_MAX_CPU_ISA=<value>"``) when it patched torch, else None. Raises nothing of its
+        own (a missing torch raises ImportError; :func:`register` logs any error and goes on).
     """
     from engine.hardware import amx_switched_off
 
