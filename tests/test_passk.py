@@ -119,3 +119,24 @@ def test_zero_is_positive_zero():
     table = pass_at_k_table([4, 4], [0, 0], [1, 2])
     assert all(np.copysign(1.0, v) == 1.0 for v in table.values())
     assert "-0.0" not in json.dumps(table)
+
+
+def test_train_sampled_pass_logs_what_it_scores_and_counts_pass_at_n(caplog):
+    """The final call's sampled pass (essa train) says what it is scoring before its minutes of progress bars
+    (a new user saw 3.5 silent minutes), and mean@n / pass@n follow the rewards it gets back."""
+    import types
+
+    import numpy as np
+
+    from engine.commands.train import sampled_metrics
+
+    rewards = np.array([[[1, 0, 0, 0], [0, 0, 0, 0]], [[1, 1, 1, 1], [1, 0, 0, 0]]], dtype=float)  # (A 2, N 2, n 4)
+    evaluator = types.SimpleNamespace(score=lambda conds, problems, sampling: (rewards,))
+    cfg = types.SimpleNamespace(seed=0, eval=types.SimpleNamespace(samples=4, sample_problems=2, max_tokens=16,
+                                                                   sample_temperature=0.7))
+    run = types.SimpleNamespace(cfg=cfg, evaluator=evaluator, task=types.SimpleNamespace(val=["p0", "p1", "p2"]))
+    with caplog.at_level("INFO", logger="essa"):
+        out = sampled_metrics(run, {"sft": None, "mean": None})
+    assert "sampled pass: sft, mean on 2 held-out problems x 4 samples at temperature 0.7" in caplog.text
+    assert out["sft"]["mean_at_n"] == 0.125 and out["sft"]["pass_at_n"] == 0.5
+    assert out["mean"]["mean_at_n"] == 0.625 and out["mean"]["pass_at_n"] == 1.0

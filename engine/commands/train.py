@@ -546,6 +546,8 @@ def sampled_metrics(run: TrainRun, conds: dict[str, AdapterRef | None]) -> dict 
     problems = run.task.val[: e.sample_problems]
     sampling = Sampling(max_tokens=e.max_tokens, temperature=e.sample_temperature, n=e.samples,
                         seed=run.cfg.seed + 7919, common_seeds=True)
+    log.info("final call, sampled pass: %s on %d held-out problems x %d samples at temperature %g (mean@%d, pass@%d)",
+             ", ".join(conds), len(problems), e.samples, e.sample_temperature, e.samples, e.samples)
     rewards, *_ = run.evaluator.score(list(conds.values()), problems, sampling)  # (A, N, n)
     correct = (np.nan_to_num(rewards) > 0.5).sum(axis=2)  # (A, N)
     return {name: {"mean_at_n": float(np.nan_to_num(rewards[a]).mean()),
