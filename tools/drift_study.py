@@ -14,7 +14,6 @@ method. Writes DIR/drift_study.md and DIR/drift_study.png (atomically) and print
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from pathlib import Path
 
@@ -30,12 +29,13 @@ class StudyError(ValueError):
 
 
 def read_json(path: Path) -> dict:
+    """:func:`engine.io.read_json`, its errors as StudyError with the fix."""
     if not path.is_file():
         raise StudyError(f"{path}: missing; pass the directory of an `essa eval drift.enabled=true` run")
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise StudyError(f"{path}: not valid JSON ({e.msg}, line {e.lineno}); re-run the eval") from None
+        return io.read_json(path)
+    except ValueError as e:
+        raise StudyError(f"{e}; re-run the eval") from None
 
 
 def load_eval(d: Path) -> tuple[dict, dict[str, dict[str, float]]]:
@@ -92,8 +92,8 @@ def _num(v, digits: int) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
 
-def table(summary: dict, per: dict, drift: dict, others: dict, control: str) -> list[str]:
-    """The Markdown rows: one per condition (the control first)."""
+def table(summary: dict, vs_control: dict, drift: dict, others: dict, control: str) -> list[str]:
+    """The Markdown rows: one per condition (the control first); ``vs_control``: {condition: paired vs control}."""
     sets = list(drift)
     head = ["condition", "on-task accuracy", f"paired vs {control}, points [95 % CI], p",
             *[f"KL {s}" for s in sets], *[f"accuracy {t}" for t in others]]
@@ -101,7 +101,7 @@ def table(summary: dict, per: dict, drift: dict, others: dict, control: str) -> 
     conds = [control] + sorted(c for c in summary["conditions"] if c != control)
     for c in conds:
         acc = summary["conditions"][c]["greedy_accuracy"]
-        pair = "-" if c == control else fmt_pair(paired(per, c, control))
+        pair = "-" if c == control else fmt_pair(vs_control[c])
         kls = [_num(drift[s].get(c, {}).get("kl_token"), 4) for s in sets]
         accs = [_num(o["conditions"].get(c, {}).get("greedy_accuracy"), 3) for o in others.values()]
         rows.append("| " + " | ".join([c, _num(acc, 3), pair, *kls, *accs]) + " |")
@@ -120,7 +120,7 @@ def between_methods(per: dict, anchor: str = "essa") -> list[str]:
     return lines
 
 
-def figure(summary: dict, per: dict, drift: dict, control: str, path: Path) -> None:
+def figure(summary: dict, vs_control: dict, drift: dict, control: str, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -129,7 +129,7 @@ def figure(summary: dict, per: dict, drift: dict, control: str, path: Path) -> N
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     methods = sorted({method_of(c) for c in summary["conditions"] if c not in (control, BASE)})
     for i, m in enumerate(methods):
-        pts = [(np.mean([drift[s][c]["kl_token"] for s in off]), 100 * paired(per, c, control)["diff"])
+        pts = [(np.mean([drift[s][c]["kl_token"] for s in off]), 100 * vs_control[c]["diff"])
                for c in summary["conditions"] if c != control and method_of(c) == m
                and all(drift[s].get(c, {}).get("kl_token") is not None for s in off)]
         if pts:
@@ -146,7 +146,8 @@ def figure(summary: dict, per: dict, drift: dict, control: str, path: Path) -> N
 
 
 def study(args) -> tuple[list[str], dict, dict, dict]:
-    """The Markdown lines, and what the figure needs: (lines, summary, per-problem, drift of the reference).
+    """The Markdown lines, and what the figure needs: (lines, summary, {condition: paired vs control}, drift
+    of the reference).
 
     Raises:
         StudyError: unusable input (one line naming it and the fix).
@@ -165,9 +166,10 @@ def study(args) -> tuple[list[str], dict, dict, dict]:
         if other["task"] in others or other["task"] == summary["task"]:
             raise StudyError(f"--accuracy {d}: task {other['task']} is given twice (or is the eval's own task)")
         others[other["task"]] = other
+    vs_control = {c: paired(per, c, args.control) for c in summary["conditions"] if c != args.control}
     lines = [f"KL against `{ref}`; task `{summary['task']}`; {len(per[args.control])} problems", "",
-             *table(summary, per, drift_all[ref], others, args.control), "", *between_methods(per)]
-    return lines, summary, per, drift_all[ref]
+             *table(summary, vs_control, drift_all[ref], others, args.control), "", *between_methods(per)]
+    return lines, summary, vs_control, drift_all[ref]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -180,12 +182,12 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     out = args.out or args.eval_dir
     try:
-        lines, summary, per, drift = study(args)
+        lines, summary, vs_control, drift = study(args)
     except StudyError as e:
         raise SystemExit(f"drift_study: error: {e}") from None
     try:  # the figure first: report.md never names a figure that was not written
         out.mkdir(parents=True, exist_ok=True)
-        figure(summary, per, drift, args.control, out / "drift_study.png")
+        figure(summary, vs_control, drift, args.control, out / "drift_study.png")
         io.atomic_write_bytes(out / "drift_study.md", ("\n".join(lines) + "\n").encode())
     except OSError as e:
         raise SystemExit(f"drift_study: error: --out {out}: cannot write there ({e.strerror or e}); "
