@@ -5,8 +5,9 @@ PY := $(VENV)/bin/python
 ESSA := $(VENV)/bin/essa
 ARGS ?=
 # make run's wall-clock limit (s, from the start of `essa train`, warm start included): a generation
-# starts only when it and the remaining validations fit (engine/commands/train.py::deadline_allows), so the demo
-# ends within 30 minutes on a slow CPU too (fp32 on AVX2). DEADLINE_S=null (or empty) runs every generation.
+# starts only when it and the final paired validation fit (engine/commands/train_schedule.py::deadline_allows;
+# periodic validations and the sampled pass yield to generations), so the demo ends within 30 minutes on a
+# slow CPU too (fp32 on AVX2). DEADLINE_S=null (or empty) runs every generation.
 DEADLINE_S ?= 1680
 PYTEST_ARGS ?=
 

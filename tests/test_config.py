@@ -105,29 +105,52 @@ def test_validate_names_the_field(override, field):
     assert field in msg and "\n" not in msg
 
 
-def test_deadline_prices_the_next_generation_and_the_validations_still_due():
-    """deadline_allows (issue 10): generation + remaining validations (1 condition = 500 problems x
-    40 tokens / 400 tok/s = 50 s) must end by deadline_s; the final call has sft, mean and best."""
-    from engine.commands.train_schedule import deadline_allows
+def test_deadline_prices_the_next_generation_and_the_final_call():
+    """deadline_allows (issue 10): the next generation and the final call's paired test (sft, mean and
+    best; 1 condition = 500 problems x 40 tokens / 400 tok/s = 50 s) must end by deadline_s; nothing
+    else is reserved (issue 26: generations first)."""
+    from engine.commands.train_schedule import condition_price_s, deadline_allows
 
-    cfg = train_cfg("deadline_s=1000", "eval.every=5", "eval.max_tokens=96", "generations=10", "eval.samples=0")
-    args = dict(generation_s=100.0, tokens_per_completion=40.0, tokens_per_s=400.0, n_val=500)
-    assert deadline_allows(cfg, 2, elapsed_s=750.0, **args)       # 750 + 100 + 3 x 50 = 1000
-    assert not deadline_allows(cfg, 2, elapsed_s=751.0, **args)
-    assert not deadline_allows(cfg, 4, elapsed_s=750.0, **args)   # after generation 4 the step-5 validation is due
-    assert deadline_allows(cfg, 4, elapsed_s=700.0, **args)
-    assert not deadline_allows(cfg, 5, elapsed_s=701.0, **args)   # the step-5 validation has not run yet
-    assert not deadline_allows(cfg, 3, elapsed_s=751.0, **args)
-    assert deadline_allows(cfg, 5, elapsed_s=700.0, **args)
-    no_baselines = train_cfg("deadline_s=1000", "eval.every=0", "eval.baselines=false", "eval.samples=0")
-    assert deadline_allows(no_baselines, 2, elapsed_s=800.0, **args)  # mean + best only
-    capped = train_cfg("deadline_s=1000", "eval.every=0", "eval.max_tokens=20", "eval.samples=0")
-    assert deadline_allows(capped, 2, elapsed_s=800.0, **{**args, "tokens_per_completion": 96.0})  # 3 x 25 s
-    assert deadline_allows(train_cfg("eval.every=0"), 2, elapsed_s=1e9, **args)  # null: no deadline
-    # the sampled pass (eval.samples 8 on 100 problems, sft and mean): 1600 completions x 40 / 400 = 160 s
-    sampled = train_cfg("deadline_s=1000", "eval.every=0", "eval.samples=8", "eval.sample_problems=100")
-    assert deadline_allows(sampled, 2, elapsed_s=590.0, **args)      # 590 + 100 + 150 + 160 = 1000
-    assert not deadline_allows(sampled, 2, elapsed_s=591.0, **args)
+    cfg = train_cfg("deadline_s=1000", "eval.every=5", "eval.max_tokens=96", "generations=10", "eval.samples=8")
+    price = condition_price_s(cfg, 500, tokens_per_completion=40.0, tokens_per_s=400.0)
+    assert price == 50.0
+    assert condition_price_s(cfg, 500, 40.0, 400.0, condition_s=30.0) == 30.0  # a timed validation wins
+    assert condition_price_s(train_cfg("eval.max_tokens=20"), 500, 96.0, 400.0) == 25.0  # capped at eval.max_tokens
+    assert deadline_allows(cfg, 2, 750.0, 100.0, price)            # 750 + 100 + 3 x 50 = 1000
+    assert not deadline_allows(cfg, 2, 751.0, 100.0, price)
+    assert deadline_allows(cfg, 5, 750.0, 100.0, price)            # a periodic validation due or not: not reserved
+    no_baselines = train_cfg("deadline_s=1000", "eval.baselines=false")
+    assert deadline_allows(no_baselines, 2, 800.0, 100.0, price)   # mean + best only
+    assert deadline_allows(train_cfg("eval.every=0"), 2, 1e9, 100.0, price)  # null: no deadline
+
+
+def test_periodic_validation_runs_only_if_it_costs_no_generation():
+    """generations_that_fit / periodic_validation_fits: with 1000 s left after the final call (3 x 50 s)
+    and 100 s generations, 10 fit; a 50 s validation first still leaves 9 whole ones only when the slack
+    allows it."""
+    from engine.commands.train_schedule import generations_that_fit, periodic_validation_fits
+
+    cfg = train_cfg("deadline_s=1150", "eval.every=5", "generations=20")
+    assert generations_that_fit(cfg, 0, 0.0, 100.0, 50.0) == 10
+    assert generations_that_fit(cfg, 0, 0.0, 100.0, 50.0, first_s=50.0) == 9
+    assert generations_that_fit(cfg, 15, 0.0, 100.0, 50.0) == 5                 # at most the generations left
+    assert generations_that_fit(cfg, 0, 2000.0, 100.0, 50.0) == 0
+    assert not periodic_validation_fits(cfg, 5, 0.0, 100.0, 50.0)               # 10 -> 9: it would cost one
+    assert periodic_validation_fits(cfg, 5, 40.0, 100.0, 50.0)                  # 9 either way (910 / 860 s left)
+    assert periodic_validation_fits(cfg, 15, 0.0, 100.0, 50.0)                  # 5 left fit either way
+    assert periodic_validation_fits(train_cfg("eval.every=5"), 5, 1e9, 100.0, 50.0)  # no deadline
+
+
+def test_sampled_pass_runs_only_if_it_fits_after_the_final_call():
+    """sampled_pass_s: 2 conditions x 100 problems x 8 samples at 50 s per 500 completions = 160 s;
+    fits_deadline: the final call's extras run only if they end by deadline_s."""
+    from engine.commands.train_schedule import fits_deadline, sampled_pass_s
+
+    cfg = train_cfg("deadline_s=1000", "eval.samples=8", "eval.sample_problems=100")
+    assert sampled_pass_s(cfg, condition_s=50.0, n_val=500) == 160.0
+    assert sampled_pass_s(cfg, condition_s=50.0, n_val=50) == 800.0  # 50 s per 50 completions: 2 x 50 x 8
+    assert fits_deadline(cfg, 840.0, 160.0) and not fits_deadline(cfg, 841.0, 160.0)
+    assert fits_deadline(train_cfg("eval.samples=8"), 1e9, 160.0)  # no deadline
 
 
 def test_max_model_len_names_eval_max_tokens():
@@ -440,3 +463,69 @@ def test_a_dotted_path_whose_module_calls_sys_exit_is_one_line(tmp_path, monkeyp
         strategies.get_strategy("exits_on_import.Cls", field="strategy._target_")
     assert strategies._one_line(RuntimeError("line one\n  line two\n")) == "RuntimeError: line one / line two"
     assert strategies._one_line(SystemExit()) == "SystemExit"
+
+
+def test_deadline_skips_a_periodic_validation_before_it_stops_the_run(caplog):
+    """Generations come first under deadline_s (issue 26): a periodic validation that would cost a
+    generation is skipped (and listed), not the generation."""
+    import time
+    import types
+    from pathlib import Path
+
+    from engine.commands.train import _deadline_decision
+
+    cfg = train_cfg("deadline_s=1000", "eval.every=5", "eval.max_tokens=96", "generations=10", "eval.samples=0")
+    result = types.SimpleNamespace(tokens=40 * 64, rollouts={"candidate": [0] * 64})  # 40 tokens per completion
+
+    def decide(g: int, elapsed_s: float):
+        run = types.SimpleNamespace(cfg=cfg, t_command=time.perf_counter() - elapsed_s, slowest_s=100.0,
+                                    task=types.SimpleNamespace(val=[None] * 500), condition_s=None, skipped=[],
+                                    state=types.SimpleNamespace(wall_s=0.0), stopped_by="generations",
+                                    run_dir=Path("run"))
+        return _deadline_decision(run, g, result, {"tokens_per_s": 400.0}), run  # 1 condition = 50 s
+
+    assert decide(2, 740.0)[0] == "run"                  # 740 + 100 + 3 x 50 = 990
+    decision, run = decide(4, 740.0)                    # the step-5 validation first: 1040 > 1000
+    assert decision == "skip validation" and run.skipped == ["validation step 5"]
+    assert decide(4, 590.0)[0] == "run"                  # 260 s left after the final call: 2 generations either way
+    assert decide(4, 640.0)[0] == "skip validation"      # 210 s: 2 generations, 1 after a 50 s validation
+    decision, run = decide(4, 900.0)
+    assert decision == "stop" and run.stopped_by == "deadline_s" and run.skipped == []
+    assert decide(9, 1e9)[0] == "run"                    # the last generation: nothing left to decide
+
+
+def test_base_model_score_left_to_the_end_comes_from_the_cache_or_fits_or_is_skipped(monkeypatch):
+    """Under deadline_s a base model not in the cache is scored after the final call (issue 26: generations
+    first): from the cache if a run filled it meanwhile, scored if one more condition fits, else skipped."""
+    import time
+    import types
+    from pathlib import Path
+
+    import numpy as np
+
+    import engine.commands.train as train
+
+    scored = {"no_adapter": np.array([1.0, 0.0])}
+    calls = []
+
+    def fake_base(run, score=True):
+        calls.append(score)
+        return scored if (score or run.cached) else None
+
+    monkeypatch.setattr(train, "base_model_rewards", fake_base)
+
+    def late(cached: bool, elapsed_s: float, rows=(), baselines=True):
+        log = types.SimpleNamespace(rows=list(rows), added=[])
+        log.add = lambda step, rewards: log.added.append((step, sorted(rewards)))
+        run = types.SimpleNamespace(cfg=train_cfg("deadline_s=1000", f"eval.baselines={str(baselines).lower()}"),
+                                    validation=log, cached=cached, condition_s=100.0, skipped=[],
+                                    t_command=time.perf_counter() - elapsed_s, run_dir=Path("run"))
+        calls.clear()
+        train._late_base_model(run)
+        return log.added, run.skipped, list(calls)
+
+    assert late(cached=True, elapsed_s=990.0) == ([(0, ["no_adapter"])], [], [False])  # cached: free
+    assert late(cached=False, elapsed_s=890.0) == ([(0, ["no_adapter"])], [], [False, True])  # 890 + 100 fits
+    assert late(cached=False, elapsed_s=901.0) == ([], ["base model"], [False])
+    assert late(cached=False, elapsed_s=0.0, rows=[{"condition": "no_adapter"}]) == ([], [], [])  # scored at step 0
+    assert late(cached=False, elapsed_s=0.0, baselines=False) == ([], [], [])

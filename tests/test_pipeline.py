@@ -181,20 +181,36 @@ def test_time_budget_stops_after_first_generation(tmp_path: Path):
 
 def test_deadline_stops_before_a_generation_that_would_not_fit(tmp_path: Path):
     """deadline_s (make run's wall-clock limit, issue 10): the first generation always runs; the
-    next one would end past a 1-second deadline, so the run validates and exports after one."""
+    next one would end past a 1-second deadline, so the run validates and exports after one. The
+    final call's extras are not reserved (issue 26: generations first) and are skipped, each saying how
+    to get it: the base model's score (not cached here: an empty baseline cache) and the sampled pass."""
     import json
 
+    from engine.model import cache_dir
+
+    cache = tmp_path / "cache"  # the model and SFT caches, but an empty baseline cache
+    cache.mkdir()
+    for sub in ("models", "sft"):
+        (cache_dir() / sub).mkdir(parents=True, exist_ok=True)
+        (cache / sub).symlink_to(cache_dir() / sub)
     run = tmp_path / "deadline"
-    proc = essa(run, "generations=50", "deadline_s=1", "eval.baselines=false", "eval.every=1", "report=false")
+    proc = essa(run, "generations=50", "deadline_s=1", "eval.every=1", "report=false", "eval.samples=2",
+                "eval.sample_problems=4", env={**os.environ, "ESSA_CACHE": str(cache)})
     out = finish(proc)
     assert proc.returncode == 0, out[-3000:]
     assert "deadline_s 1: stopping after gen 0 (1 of 50)" in out and "stopped by deadline_s after 1 of 50" in out
+    assert "deadline_s 1: the base model's held-out score is not cached" in out
+    assert "deadline_s 1: skipping the base model" in out and "DEADLINE_S=null" in out
+    assert "deadline_s 1: skipping the sampled pass" in out and "essa eval adapters=[" in out
+    assert "mean@2" not in out and "skipped so that generations fit deadline_s: base model, sampled pass" in out
     assert [m["generation"] for m in pq.read_table(run / "metrics.parquet").to_pylist()] == [0]
     # the periodic validation due after generation 0 is skipped: the final call scores the mean once
     conds = [(v["step"], v["condition"]) for v in pq.read_table(run / "validation.parquet").to_pylist()]
-    assert sorted(conds) == [(1, "best"), (1, "mean")]
+    assert sorted(conds) == [(1, "best"), (1, "mean"), (1, "sft")]
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["generations"] == 1 and summary["stopped_by"] == "deadline_s"
+    assert summary["generations"] == 1 and summary["stopped_by"] == "deadline_s" and "sampled" not in summary
+    assert summary["skipped_by_deadline"] == ["base model", "sampled pass"]
+    assert not list((cache / "baselines").glob("*.json"))  # nothing cached that was not scored
     assert (run / "adapters" / "mean" / "adapter_model.safetensors").exists()
 
 

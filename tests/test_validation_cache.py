@@ -30,3 +30,13 @@ def test_a_damaged_cache_file_is_recomputed(tmp_path):
     f.write_text("{not json")
     rewards, hit = cached_rewards(tmp_path, key, lambda: {"no_adapter": np.ones(2)})
     assert not hit and rewards["no_adapter"].tolist() == [1.0, 1.0]
+
+
+def test_look_up_only_reads_a_hit_and_writes_nothing_on_a_miss(tmp_path):
+    """A compute that returns None (essa train under deadline_s, before the generations) only looks up."""
+    key = {"model": "m"}
+    assert cached_rewards(tmp_path, key, lambda: None) == (None, False)
+    assert not list(tmp_path.glob("*.json"))
+    cached_rewards(tmp_path, key, lambda: {"no_adapter": np.ones(2)})
+    rewards, hit = cached_rewards(tmp_path, key, lambda: None)
+    assert hit and rewards["no_adapter"].tolist() == [1.0, 1.0]

@@ -28,7 +28,8 @@ from engine.lora.files import is_no_space
 from engine.commands.train_checkpoint import (CHECKPOINT, RunState, open_checkpoint, restore_strategy,
                                               write_checkpoint)
 from engine.commands.train_config import validate
-from engine.commands.train_schedule import deadline_allows, generation_sampling, periodic_validation_due
+from engine.commands.train_schedule import (condition_price_s, deadline_allows, fits_deadline, generation_sampling,
+                                            periodic_validation_due, periodic_validation_fits, sampled_pass_s)
 from engine.results.run_files import MetricsLog, ValidationLog, final_summary, run_metadata, truncate_run_logs
 from engine.search.budget import next_prompts
 from engine.tasks import Task, minibatch
@@ -61,6 +62,7 @@ class TrainRun:
     condition_s: float | None = None  # measured seconds of one held-out validation condition
     stopped_by: str = "generations"
     slowest_s: float = 0.0  # this invocation's slowest generation (s), for deadline_s
+    skipped: list[str] = field(default_factory=list)  # validations deadline_s skipped (summary.json)
 
     def clock(self) -> float:
         """Seconds on the run clock (``wall_s``): from the end of the SFT warm start, resumed runs included."""
@@ -328,9 +330,10 @@ def validate_held_out(run: TrainRun, step: int, conditions: dict[str, AdapterRef
     run.validation.add(step, rewards)
 
 
-def base_model_rewards(run: TrainRun) -> dict[str, np.ndarray]:
+def base_model_rewards(run: TrainRun, score: bool = True) -> dict[str, np.ndarray] | None:
     """``{"no_adapter": (N,) rewards}`` of the held-out problems, from the baseline cache when an earlier
-    run scored the same model, dtype, problems and decoding (engine/evaluation/validation.py)."""
+    run scored the same model, dtype, problems and decoding (engine/evaluation/validation.py), else
+    scored now (and cached); None on a miss when not ``score``."""
     from engine.backends.fast_lora.plugin import vllm_version
     from engine.evaluation.validation import cached_rewards, held_out_rewards
     from engine.model import cache_dir
@@ -340,7 +343,7 @@ def base_model_rewards(run: TrainRun) -> dict[str, np.ndarray]:
            "max_tokens": cfg.eval.max_tokens, "problems": [(p.id, p.question, p.answer) for p in run.task.val],
            "vllm": vllm_version()}
     rewards, hit = cached_rewards(cache_dir() / "baselines", key, lambda: held_out_rewards(
-        run.evaluator, {"no_adapter": None}, run.task.val, cfg.eval.max_tokens, cfg.seed))
+        run.evaluator, {"no_adapter": None}, run.task.val, cfg.eval.max_tokens, cfg.seed) if score else None)
     if hit:
         log.info("validation step 0: the base model's held-out rewards from the baseline cache (same model, dtype, "
                  "problems and decoding)")
@@ -364,11 +367,17 @@ def baselines(run: TrainRun, progress: _Progress) -> None:
     """Step 0 of a new run (``eval.baselines``): the base model without an adapter, scored once per model,
     dtype, task and decoding and cached (``$ESSA_CACHE/baselines``). The warm start is scored once, in
     the final engine call beside the exports, where the paired test needs it; genome zero is the warm
-    start, so the mean genome's curve starts there. A resumed run whose periodic validation after its
-    checkpointed generation was interrupted redoes it first."""
+    start, so the mean genome's curve starts there. Under ``deadline_s`` a base model not in the cache is
+    scored after the final call, if it still fits (:func:`_late_base_model`): generations come first. A
+    resumed run whose periodic validation after its checkpointed generation was interrupted redoes it first."""
     cfg, state = run.cfg, run.state
     if run.ckpt is None and cfg.eval.baselines:
-        run.validation.add(0, base_model_rewards(run))
+        rewards = base_model_rewards(run, score=cfg.deadline_s is None)
+        if rewards is None:
+            log.info("deadline_s %.0f: the base model's held-out score is not cached; it is scored after the final "
+                     "call if it still fits (generations first)", cfg.deadline_s)
+        else:
+            run.validation.add(0, rewards)
     if (run.ckpt is not None and periodic_validation_due(state.generation, cfg, state.wall_s)
             and not run.validation.has_step(state.generation + 1)):
         log.info("resume: validation step %d was interrupted; running it again", state.generation + 1)
@@ -379,7 +388,8 @@ def baselines(run: TrainRun, progress: _Progress) -> None:
 
 def evolve(run: TrainRun, progress: _Progress) -> None:
     """The generations still to run: each is evaluated, told, logged and checkpointed, then the
-    deadline, the periodic validation and the time budget are decided (in that order)."""
+    deadline, the periodic validation and the time budget are decided (in that order); under
+    ``deadline_s`` a periodic validation yields to the next generation (:func:`_deadline_decision`)."""
     cfg = run.cfg
     for g in range(run.state.generation + 1, cfg.generations):
         t0 = time.perf_counter()
@@ -388,9 +398,10 @@ def evolve(run: TrainRun, progress: _Progress) -> None:
         run.slowest_s = max(run.slowest_s, time.perf_counter() - t0)
         # decided on the checkpoint's clock, so a resume can tell whether the validation below was due
         over = cfg.time_budget_s is not None and run.state.wall_s >= cfg.time_budget_s
-        if _deadline_stops(run, g, result, row):  # the final validation covers this step: no periodic one first
+        decision = _deadline_decision(run, g, result, row)
+        if decision == "stop":  # the final validation covers this step: no periodic one first
             break
-        if periodic_validation_due(g, cfg, run.state.wall_s):
+        if decision == "run" and periodic_validation_due(g, cfg, run.state.wall_s):
             validate_held_out(run, g + 1, {"mean": mean_ref(run, g)})
             run.evaluator.release(g)
             save_checkpoint(run, progress)  # again, so the clock includes the validation
@@ -460,19 +471,30 @@ def _keep_best(state: RunState, genomes: np.ndarray, fit: np.ndarray, g: int) ->
         state.best_fitness, state.best_genome, state.best_generation = float(fit[k]), genomes[k].copy(), g
 
 
-def _deadline_stops(run: TrainRun, g: int, result, row: dict) -> bool:
-    """Whether ``deadline_s`` stops the run after generation ``g`` (:func:`deadline_allows`); logs why."""
+def _deadline_decision(run: TrainRun, g: int, result, row: dict) -> str:
+    """What ``deadline_s`` lets happen after generation ``g``: ``"run"`` (the periodic validation due now,
+    if any, then generation g + 1), ``"skip validation"`` (the periodic validation due now would cost a
+    generation: :func:`periodic_validation_fits`; the final call scores the mean anyway) or ``"stop"``
+    (:func:`deadline_allows`); logs the last two."""
     cfg = run.cfg
+    if g + 1 >= cfg.generations or cfg.deadline_s is None:
+        return "run"
     elapsed = time.perf_counter() - run.t_command
     per_completion = result.tokens / max(len(result.rollouts["candidate"]), 1)
-    if g + 1 >= cfg.generations or deadline_allows(cfg, g + 1, elapsed, run.slowest_s, per_completion,
-                                                   row["tokens_per_s"], len(run.task.val), run.condition_s):
-        return False
-    run.stopped_by = "deadline_s"
-    log.info("deadline_s %.0f: stopping after gen %d (%d of %d) (%.0f s elapsed; a generation takes %.0f s, then "
-             "the final validation); resume=%s deadline_s=null runs the rest", cfg.deadline_s, g, g + 1,
-             cfg.generations, elapsed, run.slowest_s, run.run_dir)
-    return True
+    condition_s = condition_price_s(cfg, len(run.task.val), per_completion, row["tokens_per_s"], run.condition_s)
+    if not deadline_allows(cfg, g + 1, elapsed, run.slowest_s, condition_s):
+        run.stopped_by = "deadline_s"
+        log.info("deadline_s %.0f: stopping after gen %d (%d of %d) (%.0f s elapsed; a generation takes %.0f s, "
+                 "then the final validation); resume=%s deadline_s=null runs the rest", cfg.deadline_s, g, g + 1,
+                 cfg.generations, elapsed, run.slowest_s, run.run_dir)
+        return "stop"
+    if periodic_validation_due(g, cfg, run.state.wall_s) and not periodic_validation_fits(
+            cfg, g + 1, elapsed, run.slowest_s, condition_s):
+        run.skipped.append(f"validation step {g + 1}")
+        log.info("deadline_s %.0f: skipping validation step %d, which would cost a generation (the final call "
+                 "scores the mean genome)", cfg.deadline_s, g + 1)
+        return "skip validation"
+    return "run"
 
 
 def generation_row(g: int, wall_s: float, result, P: int, sigma: float, t_ask: float, t_tell: float) -> dict:
@@ -513,17 +535,21 @@ def finish(run: TrainRun) -> dict:
     sampled = None
     if final_step > 0:
         validate_held_out(run, final_step, conds)
+        _late_base_model(run)
         sampled = sampled_metrics(run, {k: conds[k] for k in ("sft", "mean") if k in conds})
     run.evaluator.close()
     same_call = cfg.eval.baselines and final_step > 0
     summary = final_summary(run.run_dir, run.validation.summary(), run.task.name,
                             "re-scored in the final engine call, beside the exports" if same_call else "",
                             n_problems=len(run.task.val), generations=final_step, stopped_by=run.stopped_by,
-                            wall_s=run.clock(), tracker=run.tracker, **({"sampled": sampled} if sampled else {}))
+                            wall_s=run.clock(), tracker=run.tracker, **({"sampled": sampled} if sampled else {}),
+                            **({"skipped_by_deadline": run.skipped} if run.skipped else {}))
     if sampled:
         print(format_sampled(sampled))
     if run.stopped_by != "generations":
         print(f"stopped by {run.stopped_by} after {final_step} of {cfg.generations} generations")
+    if run.skipped:
+        print(f"skipped so that generations fit deadline_s: {', '.join(run.skipped)}")
     if cfg.report:
         from engine.results.report import make_report
         figures = make_report([run.run_dir], run.run_dir / "report")
@@ -536,12 +562,13 @@ def finish(run: TrainRun) -> dict:
 def sampled_metrics(run: TrainRun, conds: dict[str, AdapterRef | None]) -> dict | None:
     """mean@n and pass@n (unbiased, Chen et al. 2021 Eq. 1) of ``conds`` on the first ``eval.sample_problems``
     held-out problems, ``eval.samples`` answers each at ``eval.sample_temperature``, in one engine call;
-    None when ``eval.samples`` is 0. A sample that could not be scored counts as wrong."""
+    None when ``eval.samples`` is 0, or when it would end past ``deadline_s`` (:func:`_sampled_pass_fits`;
+    logged with the ``essa eval`` command that scores it). A sample that could not be scored counts as wrong."""
     from engine.backends import Sampling
     from engine.results.passk import pass_at_k
 
     e = run.cfg.eval
-    if not e.samples or not conds:
+    if not e.samples or not conds or not _sampled_pass_fits(run):
         return None
     problems = run.task.val[: e.sample_problems]
     sampling = Sampling(max_tokens=e.max_tokens, temperature=e.sample_temperature, n=e.samples,
@@ -554,6 +581,43 @@ def sampled_metrics(run: TrainRun, conds: dict[str, AdapterRef | None]) -> dict 
                    "pass_at_n": float(pass_at_k(e.samples, correct[a], e.samples).mean()),
                    "n": int(e.samples), "temperature": float(e.sample_temperature), "n_problems": len(problems)}
             for a, name in enumerate(conds)}
+
+
+def _late_base_model(run: TrainRun) -> None:
+    """The base model's step-0 score when :func:`baselines` left it to the end (``deadline_s``, not cached):
+    from the cache, or scored (and cached) if one more condition fits the deadline, else listed as skipped."""
+    cfg = run.cfg
+    if not cfg.eval.baselines or any(r["condition"] == "no_adapter" for r in run.validation.rows):
+        return
+    rewards = base_model_rewards(run, score=False)
+    hint = "one run with deadline_s=null (make run DEADLINE_S=null) scores and caches it for every later run"
+    if rewards is None and _extra_fits(run, "base model", run.condition_s or 0.0, hint):
+        rewards = base_model_rewards(run)
+    if rewards is not None:
+        run.validation.add(0, rewards)
+
+
+def _sampled_pass_fits(run: TrainRun) -> bool:
+    """Whether the sampled pass still fits ``deadline_s`` after the final greedy call; logs a skip."""
+    cfg, e = run.cfg, run.cfg.eval
+    need_s = sampled_pass_s(cfg, run.condition_s or 0.0, len(run.task.val))
+    hint = (f"essa eval adapters=[{run.sft_dir},{run.run_dir / 'adapters' / 'mean'}] n={e.samples} "
+            f"temperature={e.sample_temperature:g} limit={e.sample_problems} max_tokens={e.max_tokens} "
+            "(and the run's task overrides)")
+    return _extra_fits(run, "sampled pass", need_s, hint)
+
+
+def _extra_fits(run: TrainRun, name: str, need_s: float, hint: str) -> bool:
+    """Whether ``name``, an extra of the final call (about ``need_s`` seconds), still fits ``deadline_s``;
+    when not, it is listed in ``run.skipped`` and logged with ``hint`` (how to get it anyway)."""
+    cfg = run.cfg
+    elapsed = time.perf_counter() - run.t_command
+    if fits_deadline(cfg, elapsed, need_s):
+        return True
+    run.skipped.append(name)
+    log.info("deadline_s %.0f: skipping the %s (about %.0f s, %.0f s left); to get it: %s", cfg.deadline_s, name,
+             need_s, max(cfg.deadline_s - elapsed, 0), hint)
+    return False
 
 
 def format_sampled(sampled: dict) -> str:

@@ -56,8 +56,10 @@ class ValidationConfig:
     test's control). ``samples`` > 0: the final call also samples ``samples`` answers per problem at
     ``sample_temperature`` for the warm start and the mean genome on the first ``sample_problems``
     held-out problems, and reports mean@n and pass@n beside greedy accuracy (ES gains show more in
-    sampled metrics than in greedy accuracy: understanding-es, arXiv 2608.27351). Not the ``essa eval``
-    command (engine/commands/eval_config.py)."""
+    sampled metrics than in greedy accuracy: understanding-es, arXiv 2608.27351). Under ``deadline_s`` the
+    periodic validations, an uncached base model score and the sampled pass yield to generations
+    (engine/commands/train_schedule.py).
+    Not the ``essa eval`` command (engine/commands/eval_config.py)."""
 
     every: int = 5
     max_tokens: int = 128

@@ -46,10 +46,11 @@ def cached_json(cache_dir: Path, key: dict, compute: Callable[[], dict]) -> tupl
     Args:
         cache_dir: directory of the cache files (under ``$ESSA_CACHE``).
         key: JSON-able fields that decide the result (model, dtype, problems, max_tokens, ...).
-        compute: ``() -> dict`` (JSON-able), called on a miss.
+        compute: ``() -> dict | None`` (JSON-able), called on a miss; None means "not now" (nothing written).
 
     Returns:
-        (the result, whether it came from the cache). An unreadable cache file is recomputed and replaced.
+        (the result, whether it came from the cache); (None, False) when ``compute`` declined. An unreadable
+        cache file is recomputed and replaced.
     """
     from engine import io
 
@@ -62,15 +63,19 @@ def cached_json(cache_dir: Path, key: dict, compute: Callable[[], dict]) -> tupl
     except (FileNotFoundError, ValueError, AttributeError, KeyError):
         pass
     value = compute()
-    io.write_json(path, {"key": key, "value": value})
+    if value is not None:
+        io.write_json(path, {"key": key, "value": value})
     return value, False
 
 
-def cached_rewards(cache_dir: Path, key: dict, compute: Callable[[], dict[str, np.ndarray]]) -> tuple[dict, bool]:
+def cached_rewards(cache_dir: Path, key: dict,
+                   compute: Callable[[], dict[str, np.ndarray] | None]) -> tuple[dict | None, bool]:
     """Held-out rewards that do not change between runs (the base model's, for one model, dtype, task
-    and decoding) through :func:`cached_json`: ``({condition: (N,) float64}, from the cache)``."""
-    def as_lists() -> dict:
-        return {c: [float(x) for x in r] for c, r in compute().items()}
+    and decoding) through :func:`cached_json`: ``({condition: (N,) float64}, from the cache)``, or
+    ``(None, False)`` on a miss where ``compute`` returns None (look up only)."""
+    def as_lists() -> dict | None:
+        got = compute()
+        return None if got is None else {c: [float(x) for x in r] for c, r in got.items()}
 
     value, hit = cached_json(cache_dir, key, as_lists)
-    return {c: np.asarray(r, dtype=float) for c, r in value.items()}, hit
+    return (None if value is None else {c: np.asarray(r, dtype=float) for c, r in value.items()}), hit
