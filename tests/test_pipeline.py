@@ -202,7 +202,7 @@ def test_deadline_stops_before_a_generation_that_would_not_fit(tmp_path: Path):
     assert "deadline_s 1: the base model's held-out score is not cached" in out
     assert "deadline_s 1: skipping the base model" in out and "DEADLINE_S=null" in out
     assert "deadline_s 1: skipping the sampled pass" in out and "essa eval adapters=[" in out
-    assert "mean@2" not in out and "skipped so that generations fit deadline_s: base model, sampled pass" in out
+    assert "mean@2" not in out and "skipped so that generations fit deadline_s (1 of 50 ran): base model, sampled pass" in out
     assert [m["generation"] for m in pq.read_table(run / "metrics.parquet").to_pylist()] == [0]
     # the periodic validation due after generation 0 is skipped: the final call scores the mean once
     conds = [(v["step"], v["condition"]) for v in pq.read_table(run / "validation.parquet").to_pylist()]

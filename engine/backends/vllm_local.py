@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from typing import Sequence
 
@@ -224,7 +225,9 @@ class VLLMBackend:
 
     def _generate(self, prompts: list, params: list, loras: list, use_tqdm: bool) -> list:
         """``LLM.generate``, in two calls (no-adapter requests first) when the engine cannot keep them
-        on the base model beside adapter requests (``self.no_adapter == "split"``); request order kept."""
+        on the base model beside adapter requests (``self.no_adapter == "split"``); request order kept.
+        vLLM's progress bars only on a terminal: in a redirected log their carriage returns bury essa's lines."""
+        use_tqdm = use_tqdm and sys.stderr.isatty()
         base = [i for i, lora in enumerate(loras) if lora is None]
         if self.no_adapter != "split" or not base or len(base) == len(loras):
             return self.llm.generate(prompts, params, lora_request=loras, use_tqdm=use_tqdm)

@@ -446,7 +446,7 @@ def finish(job: GRPOJob, run_log: _Run, step: int, adapter: Path) -> dict:
     stats = run_log.log.summary()
     final, sft_acc = stats["accuracy"]["policy"], stats["accuracy"]["sft"]
     method = method_name(cfg.grpo.focal_gamma)
-    note = ("re-scored in the final engine call, beside the policy" if job.vllm
+    note = ("scored again in the same final engine call as the policy (a paired test)" if job.vllm
             else "scored at step 0 (transformers' greedy decoding repeats exactly)")
     summary = final_summary(job.run_dir, stats, job.task.name, note, method=method, accuracy=final,
                             sft_accuracy=sft_acc, steps=step, wall_s=wall, eval_s=run_log.eval_s,

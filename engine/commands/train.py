@@ -492,7 +492,7 @@ def _deadline_decision(run: TrainRun, g: int, result, row: dict) -> str:
             cfg, g + 1, elapsed, run.slowest_s, condition_s):
         run.skipped.append(f"validation step {g + 1}")
         log.info("deadline_s %.0f: skipping validation step %d, which would cost a generation (the final call "
-                 "scores the mean genome)", cfg.deadline_s, g + 1)
+                 "scores the mean genome; deadline_s=null runs every validation)", cfg.deadline_s, g + 1)
         return "skip validation"
     return "run"
 
@@ -534,13 +534,15 @@ def finish(run: TrainRun) -> dict:
     conds = _export_adapters(run, final_step)
     sampled = None
     if final_step > 0:
+        log.info("final call: %s on %d held-out problems (greedy)", ", ".join(conds), len(run.task.val))
         validate_held_out(run, final_step, conds)
         _late_base_model(run)
         sampled = sampled_metrics(run, {k: conds[k] for k in ("sft", "mean") if k in conds})
     run.evaluator.close()
     same_call = cfg.eval.baselines and final_step > 0
     summary = final_summary(run.run_dir, run.validation.summary(), run.task.name,
-                            "re-scored in the final engine call, beside the exports" if same_call else "",
+                            "scored again in the same final engine call as the ES adapters (a paired test)"
+                            if same_call else "",
                             n_problems=len(run.task.val), generations=final_step, stopped_by=run.stopped_by,
                             wall_s=run.clock(), tracker=run.tracker, **({"sampled": sampled} if sampled else {}),
                             **({"skipped_by_deadline": run.skipped} if run.skipped else {}))
@@ -549,7 +551,8 @@ def finish(run: TrainRun) -> dict:
     if run.stopped_by != "generations":
         print(f"stopped by {run.stopped_by} after {final_step} of {cfg.generations} generations")
     if run.skipped:
-        print(f"skipped so that generations fit deadline_s: {', '.join(run.skipped)}")
+        print(f"skipped so that generations fit deadline_s ({final_step} of {cfg.generations} ran): "
+              f"{', '.join(run.skipped)}; deadline_s=null runs everything")
     if cfg.report:
         from engine.results.report import make_report
         figures = make_report([run.run_dir], run.run_dir / "report")

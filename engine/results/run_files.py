@@ -111,7 +111,7 @@ class ValidationLog:
                               "n_problems": len(self.problems), "method": self.method})
             self.problem_rows.extend({"step": step, "condition": cond, "problem_id": p.id, "reward": float(x)}
                                      for p, x in zip(self.problems, rewards))
-            log.info("validation step %d: %s accuracy %.3f (%d problems, wall %.1f s)", step, cond, acc,
+            log.info("validation step %d: %s accuracy %.3f (%d problems, run clock %.1f s)", step, cond, acc,
                      len(self.problems), wall)
         io.write_parquet(self.run_dir / VALIDATION, self.rows)
         io.write_parquet(self.run_dir / VALIDATION_PROBLEMS, self.problem_rows)
