@@ -96,6 +96,7 @@ def test_typos_and_wrong_types_fail_at_compose(override, error):
     ("strategy.genome.alpha=0.1", "strategy.genome.alpha=0.1 gives floor(alpha * r) = 0"),
     ("deadline_s=0", "deadline_s"),
     ("deadline_s=-5", "deadline_s"),
+    ("deadline_s=inf", "deadline_s"),
 ])
 def test_validate_names_the_field(override, field):
     cfg = train_cfg(*override.split())
@@ -480,13 +481,13 @@ def test_deadline_skips_a_periodic_validation_before_it_stops_the_run(caplog):
     def decide(g: int, elapsed_s: float):
         run = types.SimpleNamespace(cfg=cfg, t_command=time.perf_counter() - elapsed_s, slowest_s=100.0,
                                     task=types.SimpleNamespace(val=[None] * 500), condition_s=None, skipped=[],
-                                    state=types.SimpleNamespace(wall_s=0.0), stopped_by="generations",
+                                    state=types.SimpleNamespace(wall_s=0.0, skipped_steps=[]), stopped_by="generations",
                                     run_dir=Path("run"))
         return _deadline_decision(run, g, result, {"tokens_per_s": 400.0}), run  # 1 condition = 50 s
 
     assert decide(2, 740.0)[0] == "run"                  # 740 + 100 + 3 x 50 = 990
     decision, run = decide(4, 740.0)                    # the step-5 validation first: 1040 > 1000
-    assert decision == "skip validation" and run.skipped == ["validation step 5"]
+    assert decision == "skip validation" and run.skipped == ["validation step 5"] and run.state.skipped_steps == [5]
     assert decide(4, 590.0)[0] == "run"                  # 260 s left after the final call: 2 generations either way
     assert decide(4, 640.0)[0] == "skip validation"      # 210 s: 2 generations, 1 after a 50 s validation
     decision, run = decide(4, 900.0)
@@ -529,3 +530,25 @@ def test_base_model_score_left_to_the_end_comes_from_the_cache_or_fits_or_is_ski
     assert late(cached=False, elapsed_s=901.0) == ([], ["base model"], [False])
     assert late(cached=False, elapsed_s=0.0, rows=[{"condition": "no_adapter"}]) == ([], [], [])  # scored at step 0
     assert late(cached=False, elapsed_s=0.0, baselines=False) == ([], [], [])
+
+
+def test_resume_does_not_redo_a_validation_deadline_skipped(monkeypatch):
+    """A periodic validation deadline_s skipped is in the checkpoint (RunState.skipped_steps): a resume
+    redoes only one that was interrupted."""
+    import types
+
+    import engine.commands.train as train
+    from engine.commands.train_checkpoint import RunState
+
+    redone = []
+    monkeypatch.setattr(train, "validate_held_out", lambda run, step, conds: redone.append(step))
+    monkeypatch.setattr(train, "mean_ref", lambda run, g: None)
+    monkeypatch.setattr(train, "save_checkpoint", lambda run, progress: None)
+    cfg = train_cfg("eval.every=5", "generations=10", "deadline_s=1000")
+    for skipped, expect in (([5], []), ([], [5])):
+        run = types.SimpleNamespace(cfg=cfg, ckpt={}, state=RunState(generation=4, skipped_steps=list(skipped)),
+                                    validation=types.SimpleNamespace(has_step=lambda step: False),
+                                    evaluator=types.SimpleNamespace(release=lambda g: None))
+        redone.clear()
+        train.baselines(run, progress=None)
+        assert redone == expect

@@ -135,7 +135,7 @@ def test_train_sampled_pass_logs_what_it_scores_and_counts_pass_at_n(caplog):
     rewards = np.array([[[1, 0, 0, 0], [0, 0, 0, 0]], [[1, 1, 1, 1], [1, 0, 0, 0]]], dtype=float)  # (A 2, N 2, n 4)
     evaluator = types.SimpleNamespace(score=lambda conds, problems, sampling: (rewards,))
     cfg = types.SimpleNamespace(seed=0, deadline_s=None, eval=types.SimpleNamespace(
-        samples=4, sample_problems=2, max_tokens=16, sample_temperature=0.7))
+        samples=4, sample_problems=2, max_tokens=16, sample_temperature=0.7, baselines=True))
     run = types.SimpleNamespace(cfg=cfg, evaluator=evaluator, task=types.SimpleNamespace(val=["p0", "p1", "p2"]),
                                 condition_s=30.0, t_command=time.perf_counter(), run_dir=Path("run"), sft_dir=Path("sft"),
                                 skipped=[])
@@ -149,6 +149,6 @@ def test_train_sampled_pass_logs_what_it_scores_and_counts_pass_at_n(caplog):
     with caplog.at_level("INFO", logger="essa"):
         assert sampled_metrics(run, {"sft": None, "mean": None}) is None
     assert "skipping the sampled pass (about 160 s" in caplog.text and run.skipped == ["sampled pass"]
-    assert "essa eval adapters=[sft," in caplog.text and "n=4 temperature=0.7 limit=2 max_tokens=16" in caplog.text
+    assert "essa eval adapters=[sft," in caplog.text and "include_base=false n=4 temperature=0.7 limit=2 max_tokens=16" in caplog.text
     cfg.deadline_s = 1000.0
     assert sampled_metrics(run, {"sft": None, "mean": None})["mean"]["pass_at_n"] == 1.0

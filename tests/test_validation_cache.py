@@ -40,3 +40,33 @@ def test_look_up_only_reads_a_hit_and_writes_nothing_on_a_miss(tmp_path):
     cached_rewards(tmp_path, key, lambda: {"no_adapter": np.ones(2)})
     rewards, hit = cached_rewards(tmp_path, key, lambda: None)
     assert hit and rewards["no_adapter"].tolist() == [1.0, 1.0]
+
+
+def test_a_cached_value_that_is_not_a_dict_is_a_miss(tmp_path):
+    """A damaged file whose value is null (or a list) is recomputed, not returned as a hit."""
+    import json
+
+    key = {"model": "m"}
+    cached_rewards(tmp_path, key, lambda: {"no_adapter": np.zeros(2)})
+    (f,) = tmp_path.glob("*.json")
+    for bad in (None, []):
+        f.write_text(json.dumps({"key": key, "value": bad}))
+        rewards, hit = cached_rewards(tmp_path, key, lambda: {"no_adapter": np.ones(2)})
+        assert not hit and rewards["no_adapter"].tolist() == [1.0, 1.0]
+
+
+def test_validation_log_replaces_a_step_and_condition_logged_again(tmp_path):
+    """A resumed run redoing an interrupted final call must not count its problems twice."""
+    from engine.results.run_files import ValidationLog
+    from engine.tasks import Problem
+
+    problems = [Problem(f"t/val/{i}", "q", "1") for i in range(4)]
+    log = ValidationLog(tmp_path, "essa", problems, lambda: 1.0)
+    log.add(2, {"sft": np.array([1.0, 0.0, 0.0, 0.0]), "mean": np.array([1.0, 1.0, 0.0, 0.0])})
+    again = ValidationLog(tmp_path, "essa", problems, lambda: 2.0)  # the resumed run reads the files back
+    again.add(2, {"sft": np.array([1.0, 0.0, 0.0, 0.0]), "mean": np.array([1.0, 1.0, 1.0, 0.0])})
+    again.add(0, {"no_adapter": np.zeros(4)})
+    assert sorted((r["step"], r["condition"]) for r in again.rows) == [(0, "no_adapter"), (2, "mean"), (2, "sft")]
+    assert len(again.problem_rows) == 12
+    s = again.summary()
+    assert s["accuracy"]["mean"] == 0.75 and s["paired"]["mean"]["n"] == 4

@@ -372,14 +372,15 @@ def baselines(run: TrainRun, progress: _Progress) -> None:
     resumed run whose periodic validation after its checkpointed generation was interrupted redoes it first."""
     cfg, state = run.cfg, run.state
     if run.ckpt is None and cfg.eval.baselines:
-        rewards = base_model_rewards(run, score=cfg.deadline_s is None)
+        rewards = base_model_rewards(run, score=cfg.deadline_s is None or cfg.generations == 0)
         if rewards is None:
             log.info("deadline_s %.0f: the base model's held-out score is not cached; it is scored after the final "
                      "call if it still fits (generations first)", cfg.deadline_s)
         else:
             run.validation.add(0, rewards)
     if (run.ckpt is not None and periodic_validation_due(state.generation, cfg, state.wall_s)
-            and not run.validation.has_step(state.generation + 1)):
+            and not run.validation.has_step(state.generation + 1)
+            and state.generation + 1 not in state.skipped_steps):  # deadline_s skipped it: not interrupted
         log.info("resume: validation step %d was interrupted; running it again", state.generation + 1)
         validate_held_out(run, state.generation + 1, {"mean": mean_ref(run, state.generation)})
         run.evaluator.release(state.generation)
@@ -401,6 +402,8 @@ def evolve(run: TrainRun, progress: _Progress) -> None:
         decision = _deadline_decision(run, g, result, row)
         if decision == "stop":  # the final validation covers this step: no periodic one first
             break
+        if decision == "skip validation":
+            save_checkpoint(run, progress)  # with the skipped step: a resume must not redo it as "interrupted"
         if decision == "run" and periodic_validation_due(g, cfg, run.state.wall_s):
             validate_held_out(run, g + 1, {"mean": mean_ref(run, g)})
             run.evaluator.release(g)
@@ -491,6 +494,7 @@ def _deadline_decision(run: TrainRun, g: int, result, row: dict) -> str:
     if periodic_validation_due(g, cfg, run.state.wall_s) and not periodic_validation_fits(
             cfg, g + 1, elapsed, run.slowest_s, condition_s):
         run.skipped.append(f"validation step {g + 1}")
+        run.state.skipped_steps.append(g + 1)
         log.info("deadline_s %.0f: skipping validation step %d, which would cost a generation (the final call "
                  "scores the mean genome; deadline_s=null runs every validation)", cfg.deadline_s, g + 1)
         return "skip validation"
@@ -604,9 +608,10 @@ def _sampled_pass_fits(run: TrainRun) -> bool:
     """Whether the sampled pass still fits ``deadline_s`` after the final greedy call; logs a skip."""
     cfg, e = run.cfg, run.cfg.eval
     need_s = sampled_pass_s(cfg, run.condition_s or 0.0, len(run.task.val))
-    hint = (f"essa eval adapters=[{run.sft_dir},{run.run_dir / 'adapters' / 'mean'}] n={e.samples} "
+    adapters = ([str(run.sft_dir)] if cfg.eval.baselines else []) + [str(run.run_dir / "adapters" / "mean")]
+    hint = (f"essa eval adapters=[{','.join(adapters)}] include_base=false n={e.samples} "
             f"temperature={e.sample_temperature:g} limit={e.sample_problems} max_tokens={e.max_tokens} "
-            "(and the run's task overrides)")
+            "(with the run's model and task overrides; it reports mean@n as avg@n)")
     return _extra_fits(run, "sampled pass", need_s, hint)
 
 

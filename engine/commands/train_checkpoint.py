@@ -39,6 +39,7 @@ class RunState:
     best_genome: np.ndarray | None = None
     best_generation: int = -1
     prompts: int = 0  # the next generation's N under rollout.adaptive_prompts (0 = rollout.prompts_per_generation)
+    skipped_steps: list[int] = dataclasses.field(default_factory=list)  # periodic validations deadline_s skipped
 
 
 class _RunStateV1:

@@ -143,8 +143,8 @@ def check_run_control(cfg) -> None:
         raise ConfigError(f"seed={cfg.seed}: must be an integer >= 0 (numpy and the strategies seed from it), e.g. seed=5")
     if cfg.time_budget_s is not None and not cfg.time_budget_s > 0:
         raise ConfigError(f"time_budget_s={cfg.time_budget_s}: must be > 0 seconds, or null for no budget")
-    if cfg.deadline_s is not None and not cfg.deadline_s > 0:
-        raise ConfigError(f"deadline_s={cfg.deadline_s}: must be > 0 seconds, or null for no deadline")
+    if cfg.deadline_s is not None and not 0 < cfg.deadline_s < float("inf"):
+        raise ConfigError(f"deadline_s={cfg.deadline_s}: must be a finite number of seconds > 0, or null for no deadline")
     if cfg.eval.every < 0 or cfg.eval.max_tokens < 1:
         raise ConfigError(f"eval.every={cfg.eval.every} / eval.max_tokens={cfg.eval.max_tokens}: every must be >= 0 "
                           "(0 = only at the start and end), max_tokens >= 1")

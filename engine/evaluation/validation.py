@@ -58,7 +58,7 @@ def cached_json(cache_dir: Path, key: dict, compute: Callable[[], dict]) -> tupl
     path = Path(cache_dir) / f"{digest}.json"
     try:
         stored = io.read_json(path)
-        if stored.get("key") == json.loads(json.dumps(key, default=str)):
+        if stored.get("key") == json.loads(json.dumps(key, default=str)) and isinstance(stored["value"], dict):
             return stored["value"], True
     except (FileNotFoundError, ValueError, AttributeError, KeyError):
         pass

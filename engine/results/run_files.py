@@ -103,8 +103,12 @@ class ValidationLog:
 
     def add(self, step: int, per_problem: dict[str, np.ndarray]) -> None:
         """Log one validation: ``{condition: (n,) float64 rewards}`` in ``problems`` order (NaN =
-        unscorable, counted wrong); one row per condition and one per (condition, problem)."""
+        unscorable, counted wrong); one row per condition and one per (condition, problem). A
+        (step, condition) already logged is replaced (a resumed run redoing an interrupted final call)."""
         wall = self.clock()
+        again = {(step, c) for c in per_problem}
+        self.rows = [r for r in self.rows if (r["step"], r["condition"]) not in again]
+        self.problem_rows = [r for r in self.problem_rows if (r["step"], r["condition"]) not in again]
         for cond, rewards in per_problem.items():
             acc = float(np.nan_to_num(np.asarray(rewards, dtype=float)).mean()) if len(rewards) else float("nan")
             self.rows.append({"step": step, "wall_s": wall, "condition": cond, "accuracy": acc,
