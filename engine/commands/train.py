@@ -390,7 +390,7 @@ def baselines(run: TrainRun, progress: _Progress) -> None:
 def evolve(run: TrainRun, progress: _Progress) -> None:
     """The generations still to run: each is evaluated, told, logged and checkpointed, then the
     deadline, the periodic validation and the time budget are decided (in that order); under
-    ``deadline_s`` a periodic validation yields to the next generation (:func:`_deadline_decision`)."""
+    ``deadline_s`` a periodic validation runs only if it costs no generation (:func:`_deadline_decision`)."""
     cfg = run.cfg
     for g in range(run.state.generation + 1, cfg.generations):
         t0 = time.perf_counter()
