@@ -1,6 +1,7 @@
 """``essa train``'s schedule: each generation's sampling, when a validation is due, and what fits
-``deadline_s`` (the next generation, a periodic validation, the final call's extras). Pure functions of the config and the clock (no engine), so a resumed
-run decides exactly as an uninterrupted one (STYLE.md rule 11)."""
+``deadline_s`` (the next generation, a periodic validation, the final call's extras). Pure functions of
+the config and the clock (no engine), so a resumed run decides exactly as an uninterrupted one (STYLE.md
+rule 11)."""
 from __future__ import annotations
 
 from engine.backends import Sampling
