@@ -39,6 +39,7 @@ from typing import Literal, Mapping
 log = logging.getLogger("essa.hardware")
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
+NUMERICS = ("auto", "fast", "invariant")
 _ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
 # The flags that decide the dtype (and that `essa bench` reports).
 KEY_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
@@ -278,3 +279,49 @@ def dtype_record(requested: str, dtype: str, reason: str, device_info: DeviceInf
     """What run.json / bench.json store about the choice: requested, dtype, reason, the processor."""
     dev = device_info if device_info is not None else detect_device()
     return {"requested": canonical_dtype(requested), "dtype": dtype, "reason": reason, "device": dev.summary()}
+
+
+def resolve_numerics(requested: str, dtype: str, device_info: DeviceInfo | None = None,
+                     environ: Mapping[str, str] | None = None) -> tuple[str, dict[str, str], str]:
+    """Whether the engine serves a population with kernels whose result does not depend on the batch
+    (``engine.numerics``, issue 42), and the environment that does it.
+
+    A candidate's fitness must follow its genome, not its batch slot (ESSA ranks by small fitness
+    differences, §3.3). On a CPU with AMX in bf16 oneDNN chooses its GEMM kernel by the batch's row
+    count, so identical adapters disagreed on 4-7 % of verdict pairs (issue 42); its AVX512-BF16
+    kernels and every float32 path gave (nearly) the same answers in every slot (docs/results/numerics.md).
+
+    * ``fast``: nothing changes.
+    * ``invariant``: on an AMX CPU in bf16/fp16, oneDNN is capped below AMX for the engine
+      (``ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16``; the vLLM plugin then tells vLLM's attention too,
+      :func:`amx_switched_off`); on a GPU, vLLM's batch-invariant kernels (``VLLM_BATCH_INVARIANT=1``,
+      beta in vLLM); elsewhere nothing is needed.
+    * ``auto``: ``invariant``.
+
+    Args:
+        requested: ``engine.numerics``. dtype: the resolved compute dtype. device_info: the processor
+            (default :func:`detect_device`). environ: the environment (default ``os.environ``); a cap or
+            switch already set there is kept.
+
+    Returns:
+        (mode, {variable: value} to set before the engine starts, reason for the log).
+
+    Raises:
+        ValueError: an unknown ``requested`` (one line naming ``engine.numerics``).
+    """
+    name = str(requested).strip().lower()
+    if name not in NUMERICS:
+        raise ValueError(f"engine.numerics={requested!r}: use auto, fast (the fastest kernels, answers may move with "
+                         "the batch slot) or invariant (the same answers in every slot)")
+    mode = "invariant" if name == "auto" else name
+    env = os.environ if environ is None else environ
+    dev = device_info if device_info is not None else detect_device()
+    if mode == "fast":
+        return mode, {}, "engine.numerics=fast: the fastest kernels; answers may move with the batch slot"
+    if dev.gpu is not None:
+        return mode, ({} if env.get("VLLM_BATCH_INVARIANT") else {"VLLM_BATCH_INVARIANT": "1"}), \
+            "GPU: vLLM's batch-invariant kernels"
+    if dtype == "float32" or "amx_bf16" not in dev.cpu.flags:
+        return mode, {}, f"CPU {dev.cpu.isa} in {dtype}: its kernels do not change with the batch"
+    return mode, {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, \
+        f"CPU AMX in {dtype}: oneDNN capped at AVX512_CORE_BF16 for the engine (AMX kernels change with the batch)"

@@ -50,7 +50,8 @@ def backend_kwargs(engine, *, max_lora_rank: int, max_loras: int, max_model_len:
     return dict(max_lora_rank=max_lora_rank, max_loras=engine.max_loras or max_loras, max_model_len=max_model_len,
                 dtype=dtype, seed=seed, gpu_memory_utilization=engine.gpu_memory_utilization,
                 kv_cache_gib=engine.kv_cache_gib, enforce_eager=engine.enforce_eager, enable_lora=enable_lora,
-                max_num_seqs=engine.max_num_seqs, fast_lora=engine.fast_lora, extra=extra)
+                max_num_seqs=engine.max_num_seqs, fast_lora=engine.fast_lora,
+                numerics=getattr(engine, "numerics", "auto"), extra=extra)
 
 
 def is_cpu_platform() -> bool:
@@ -89,6 +90,17 @@ def configure_cpu_env(threads: int | None = None, kv_cache_gib: float | None = N
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(max(1, kv_cache_gib))))
 
 
+def apply_numerics(requested: str, dtype: str) -> str:
+    """Set the environment of ``engine.numerics`` (:func:`engine.hardware.resolve_numerics`) for the engine's
+    processes, which vLLM starts from this one and which inherit it; logs one line. Returns the mode."""
+    from engine.hardware import resolve_numerics
+
+    mode, env, reason = resolve_numerics(requested, dtype)
+    os.environ.update(env)
+    log.info("numerics %s: %s", mode, reason)
+    return mode
+
+
 class VLLMBackend:
     """A vLLM ``LLM`` that lives for the whole run and serves prompts under LoRA adapters.
 
@@ -108,6 +120,8 @@ class VLLMBackend:
         max_num_seqs: sequences per scheduler step.
         fast_lora: on CPU, install essa's fast multi-LoRA kernels in vLLM's worker processes
             (engine/fast_lora, through the ``ESSA_FAST_LORA`` environment variable); GPUs keep vLLM's.
+        numerics: ``engine.numerics`` (auto | fast | invariant): kernels whose answers do not move with a
+            request's batch slot (:func:`engine.hardware.resolve_numerics`; set for the engine's processes).
         extra: further ``LLM(...)`` keyword arguments (e.g. tensor_parallel_size, quantization).
 
     Attributes:
@@ -122,7 +136,7 @@ class VLLMBackend:
     def __init__(self, model: str, max_lora_rank: int = 8, max_loras: int = 16, max_model_len: int = 1024,
                  dtype: str = "auto", seed: int = 0, gpu_memory_utilization: float = 0.85,
                  kv_cache_gib: float = 2.0, enforce_eager: bool = True, enable_lora: bool = True,
-                 max_num_seqs: int = 256, fast_lora: bool = True, extra: dict | None = None):
+                 max_num_seqs: int = 256, fast_lora: bool = True, numerics: str = "auto", extra: dict | None = None):
         if max_loras < 1:
             raise ValueError(f"engine.max_loras={max_loras} must be >= 1 (it must cover the population)")
         self.cpu = is_cpu_platform()
@@ -136,6 +150,7 @@ class VLLMBackend:
             from engine.hardware import resolve_dtype
             dtype, _ = resolve_dtype("auto", log_choice=False)
         self.dtype = dtype
+        self.numerics = apply_numerics(numerics, dtype)
         kwargs = dict(model=model, dtype=dtype, seed=seed, max_model_len=max_model_len,
                       enforce_eager=enforce_eager, max_num_seqs=max_num_seqs)
         if not self.cpu:

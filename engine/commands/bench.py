@@ -363,6 +363,10 @@ def format_table(result: dict) -> str:
                      "is counted as outside generation)")
         for n in ph.get("notes", []):
             lines.append(f"  note: {n}")
+    if result.get("placebo"):
+        from engine.evaluation.numerics import PlaceboResult
+
+        lines += ["", "numerics floor (identical adapters in one batch): " + PlaceboResult(**result["placebo"]).line()]
     if result.get("notes"):
         lines += [""] + [f"note: {n}" for n in result["notes"]]
     return "\n".join(lines)
@@ -513,6 +517,7 @@ def population_rows(b: Bench, plain: dict[int, dict]) -> None:
         timed.generate(prompts[:2], [None, None], Sampling(max_tokens=8))
         for P in b.populations:
             b.result["rows"].append(_row(b, evaluator, timed, prompts, P, generations, plain))
+        placebo(b, evaluator, generations)
     finally:
         evaluator.close()
         timed.close()
@@ -549,6 +554,22 @@ def _row(b: Bench, evaluator, timed: TimedBackend, prompts, P: int, generations,
     print(f"P={P}: base {base['tokens_per_s']:.1f} tok/s, population {best['population']['tokens_per_s']:.1f} tok/s "
           f"({row['ratio_pop_base']:.3f} of base)", flush=True)
     return row
+
+
+def placebo(b: Bench, evaluator, generations) -> None:
+    """The numerics floor at the bench's shape (``placebo.enabled``): ``phases_population`` copies of the
+    reference adapter (genome zero) as one generation on the B prompts, and ``placebo.alone`` requests
+    alone against inside that batch (engine/evaluation/numerics.py); ``result["placebo"]``, printed."""
+    from engine.evaluation.numerics import placebo_generation
+
+    if not b.cfg.placebo.enabled:
+        return
+    g = next(generations)
+    next(generations)  # the alone probe's adapter ids
+    res = placebo_generation(evaluator, b.codec.x0(), b.phases_p, b.problems, b.sampling, g,
+                             alone=int(b.cfg.placebo.alone))
+    b.result["placebo"] = res.as_dict()
+    print(res.line(), flush=True)
 
 
 def naive(b: Bench) -> None:

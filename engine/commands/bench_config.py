@@ -17,6 +17,16 @@ class NaiveConfig:
 
 
 @dataclass
+class PlaceboConfig:
+    """The numerics floor (engine/evaluation/numerics.py): ``enabled`` scores ``phases_population`` identical
+    copies of one adapter as one generation on the bench's prompts, and ``alone`` of those requests alone
+    (a batch of one) against their text in the full batch (0 = no alone probe)."""
+
+    enabled: bool = True
+    alone: int = 4
+
+
+@dataclass
 class BenchConfig:
     """``essa bench``: population evaluation against plain inference and the naive loop (engine/commands/bench.py).
 
@@ -26,7 +36,8 @@ class BenchConfig:
     (greedy). phases_population: the P at which every phase of one ES generation is reported.
     repeats: > 1 repeats each (base, population) pair and reports the best of each.
     base_without_lora: also time the base model on an engine without LoRA support (the strict limit).
-    sigma0: CMA-ES step size over the SVD-LoRA genome (as strategy=essa). output: the JSON path
+    sigma0: CMA-ES step size over the SVD-LoRA genome (as strategy=essa). placebo: the numerics floor
+    (:class:`PlaceboConfig`). output: the JSON path
     (null = <run dir>/bench.json).
     """
 
@@ -44,6 +55,7 @@ class BenchConfig:
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     naive: NaiveConfig = field(default_factory=NaiveConfig)
+    placebo: PlaceboConfig = field(default_factory=PlaceboConfig)
     output: Optional[str] = None
 
 
@@ -82,5 +94,9 @@ def validate(cfg) -> tuple[list[int], int, int, int]:
         sizes[name] = _positive_int(cfg[name])
         if sizes[name] is None:
             raise ValueError(f"bench.{name}={cfg[name]!r}: must be a positive integer, e.g. {name}=16")
+    alone = cfg.get("placebo", {}).get("alone", 0)
+    if not isinstance(alone, int) or isinstance(alone, bool) or alone < 0:
+        raise ValueError(f"bench.placebo.alone={alone!r}: must be an integer >= 0 (requests probed alone), "
+                         "e.g. placebo.alone=4")
     populations = sorted({*raw, sizes["phases_population"]})
     return populations, sizes["prompts_per_candidate"], sizes["max_tokens"], sizes["phases_population"]

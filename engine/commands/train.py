@@ -422,7 +422,8 @@ def generation(run: TrainRun, g: int):
 
     cfg, P, strategy = run.cfg, run.P, run.strategy
     t0 = time.perf_counter()
-    genomes = strategy.ask()  # (P, D)
+    placebo = cfg.rollout.placebo  # P copies of the mean, nothing told: the numerics floor (issue 42)
+    genomes = np.tile(strategy.checked_mean()[None, :], (P, 1)) if placebo else strategy.ask()  # (P, D)
     t_ask = time.perf_counter() - t0
     n_prompts = run.state.prompts or cfg.rollout.prompts_per_generation
     batch = minibatch(run.task.train, n_prompts, cfg.seed, g)
@@ -434,7 +435,9 @@ def generation(run: TrainRun, g: int):
         result = run.evaluator.evaluate(evaluated, batch, g, generation_sampling(cfg.rollout, cfg.seed, g))
     fit = result.fitness[:P]  # (P,) mean reward of each candidate
     t1 = time.perf_counter()
-    if np.isfinite(fit).any():
+    if placebo:
+        log.info("gen %d: placebo generation (P copies of the mean genome), strategy not updated", g)
+    elif np.isfinite(fit).any():
         r = cfg.rollout
         strategy.tell(genomes, shaped_fitness(result, P, r.aggregate, r.dense, r.dense_weight))
         strategy.shrink_mean(1.0 - cfg.strategy.mean_decay)
@@ -504,7 +507,8 @@ def _deadline_decision(run: TrainRun, g: int, result, row: dict) -> str:
 def generation_row(g: int, wall_s: float, result, P: int, sigma: float, t_ask: float, t_tell: float) -> dict:
     """One metrics.parquet row: fitness of the P candidates, the centre (index P, when evaluated),
     the signal diagnostics of engine/results/stats.py, tokens and seconds per phase."""
-    from engine.results.stats import prompts_disagreeing, split_half_rank_correlation, variance_ratio
+    from engine.results.stats import (one_text_share, pairwise_discordance, prompts_disagreeing,
+                                      split_half_rank_correlation, variance_ratio)
 
     fit, rewards = result.fitness[:P], result.rewards[:P]
     ok = np.isfinite(fit).any()
@@ -514,7 +518,9 @@ def generation_row(g: int, wall_s: float, result, P: int, sigma: float, t_ask: f
            "fitness_min": stat(np.nanmin), "fitness_std": stat(np.nanstd),
            "fitness_center": float(result.fitness[P]) if len(result.fitness) > P else float("nan"),
            "split_half_rho": split_half_rank_correlation(rewards), "variance_ratio": variance_ratio(rewards),
-           "prompts_disagreeing": prompts_disagreeing(rewards),
+           "prompts_disagreeing": prompts_disagreeing(rewards), "fitness_var": stat(np.nanvar),
+           "pairwise_discordance": pairwise_discordance(rewards),
+           "one_text_share": one_text_share(candidate_texts(result.rollouts, P, rewards.shape[1])),
            "n_failed": int((~np.isfinite(fit)).sum()), "sigma": float(sigma),
            "tokens": result.tokens, "tokens_per_s": result.tokens / max(tm.get("generate", 0.0), 1e-9),
            "t_ask": t_ask, "t_decode": tm.get("decode", 0.0), "t_write": tm.get("write", 0.0),
@@ -527,6 +533,13 @@ def generation_row(g: int, wall_s: float, result, P: int, sigma: float, t_ask: f
                    dense_center=float(d[P]) if len(d) > P else float("nan"))
     row.update({f"t_{k}": v for k, v in tm.items() if f"t_{k}" not in row})
     return row
+
+
+def candidate_texts(rollouts: dict, P: int, N: int) -> list[list[str]]:
+    """[P][N] first-sample completion texts of the first P candidates from a generation's rollout columns
+    (rows in candidate, prompt, sample order; likelihood rollouts have empty texts)."""
+    G = max(len(rollouts["completion"]) // max(len(set(rollouts["candidate"])) * N, 1), 1)
+    return [[rollouts["completion"][(p * N + n) * G] for n in range(N)] for p in range(P)]
 
 
 def finish(run: TrainRun) -> dict:

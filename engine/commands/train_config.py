@@ -33,6 +33,9 @@ class RolloutConfig(SignalConfig):
       supervised signal: the warm start's own loss, which the gradient oracle optimises; zeroth-order
       likelihood search as in EA4LLM, arXiv 2510.10603). Needs a task with worked solutions; validation
       stays greedy accuracy. The sampling fields and ``dense`` do not apply to it.
+    placebo: every generation scores P copies of the strategy's mean genome instead of asking for
+      candidates, and tells the strategy nothing: the numerics floor of this configuration (issue 42;
+      metrics.parquet's fitness_var, pairwise_discordance and one_text_share; engine/evaluation/numerics.py).
     The fitness-signal levers (dense, dense_weight, adaptive_prompts, noise_rho,
     max_prompts_per_generation): engine/config.py ``SignalConfig``, shared with ``essa lab``.
     """
@@ -46,6 +49,7 @@ class RolloutConfig(SignalConfig):
     aggregate: str = "mean"
     common_seeds: bool = True
     fitness: str = "reward"
+    placebo: bool = False
 
 
 @dataclass

@@ -122,7 +122,10 @@ class MinibatchParams:
     nat of the dense score's margin; dense_chaos / dense_length: std and correlation length of its own
     field; dense_eta: the weight of the outcome's chaos eta in its margin (1: the outcome's margin; 0: only
     the shared skill, which with dense_chaos 0 ranks candidates by expected accuracy: a perfect signal)
-    (module docstring, "The dense score": assumed, not measured).
+    (module docstring, "The dense score": assumed, not measured). numerics: std of the batch-slot noise
+    added to every (candidate, problem) score of a training minibatch, fresh each generation (the bf16
+    numerics floor of issue 42; :func:`placebo_discordance` calibrates it against a real placebo
+    generation; 0: float32's exact invariance). Held-out scores stay exact.
     """
 
     accuracy0: float = 0.29
@@ -145,6 +148,7 @@ class MinibatchParams:
     dense_chaos: float = 0.56
     dense_length: float = 6.0
     dense_eta: float = 1.0
+    numerics: float = 0.0
 
     @classmethod
     def with_options(cls, options: dict | None) -> "MinibatchParams":
@@ -182,7 +186,8 @@ class MinibatchParams:
                  ("useful_low", 0 <= self.useful_low <= (FULL_BLOCKS - 1) * self.block, "in [0, 7 block]"),
                  ("reach_top", self.reach_top > 0, "> 0"), ("reach_low", self.reach_low > 0, "> 0"),
                  ("dense_temperature", self.dense_temperature > 0, "> 0"), ("dense_chaos", self.dense_chaos >= 0, ">= 0"),
-                 ("dense_length", self.dense_length > 0, "> 0"), ("dense_eta", self.dense_eta >= 0, ">= 0")]
+                 ("dense_length", self.dense_length > 0, "> 0"), ("dense_eta", self.dense_eta >= 0, ">= 0"),
+                 ("numerics", self.numerics >= 0, ">= 0")]
         for name, ok, what in rules:
             if not ok:
                 raise ValueError(f"landscape.options.{name}={getattr(self, name)}: must be {what}")
@@ -277,9 +282,16 @@ class MinibatchLandscape(Landscape):
         rng = np.random.default_rng([seed, generation])
         return rng.choice(self.p.pool, size=min(prompts or self.prompts, self.p.pool), replace=False)
 
+    def slot_noise(self, shape: tuple[int, int], seed: int, generation: int) -> np.ndarray:
+        """(P, N) batch-slot noise of a generation (``numerics`` std; zeros when 0): a candidate's verdict
+        moves with where it sits in the batch, not with its genome (issue 42)."""
+        if self.p.numerics == 0:
+            return np.zeros(shape)
+        return self.p.numerics * np.random.default_rng([seed, generation, 42]).standard_normal(shape)
+
     def rewards(self, genomes: np.ndarray, seed: int, generation: int, prompts: int | None = None) -> np.ndarray:
         """0/1 rewards of genomes (P, D) on the generation's minibatch: (P, N, 1) float64."""
-        return (self.scores(genomes, self.minibatch(seed, generation, prompts)) > 0).astype(float)[:, :, None]
+        return self.evaluate(genomes, seed, generation, prompts)[0]
 
     def evaluate(self, genomes: np.ndarray, seed: int, generation: int, prompts: int | None = None,
                  dense: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
@@ -287,6 +299,7 @@ class MinibatchLandscape(Landscape):
         dense scores (P, N, 1) nats on the same problems (else None), from one computation of the scores."""
         problems = self.minibatch(seed, generation, prompts)
         s = self.scores(genomes, problems)  # (P, N)
+        s = s + self.slot_noise(s.shape, seed, generation)
         d = self.dense(genomes, problems, s)[:, :, None] if dense else None
         return (s > 0).astype(float)[:, :, None], d
 
@@ -319,6 +332,17 @@ class MinibatchLandscape(Landscape):
         zero = float(self.held_out(np.zeros(self.dim)).mean())
         acc = float(self.held_out(x).mean())
         return {"x": x, "expected": self.true_fitness(x), "held_out": acc, "held_out_zero": zero, "gain": acc - zero}
+
+
+def placebo_discordance(landscape: MinibatchLandscape, population: int = 17, generations: int = 10,
+                        seed: int = 0) -> float:
+    """Mean pairwise verdict discordance of ``population`` copies of genome zero over ``generations``
+    minibatches: the lab's counterpart of a real placebo generation (engine/evaluation/numerics.py), to
+    calibrate ``numerics`` against the real figure of a CPU class and dtype."""
+    from engine.results.stats import pairwise_discordance
+
+    zeros = np.zeros((population, landscape.dim))
+    return float(np.mean([pairwise_discordance(landscape.rewards(zeros, seed, g)) for g in range(generations)]))
 
 
 def _fourier_field(Y: np.ndarray, omega: np.ndarray, xi: np.ndarray, phi: np.ndarray) -> np.ndarray:

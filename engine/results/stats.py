@@ -198,6 +198,51 @@ def prompts_disagreeing(rewards: np.ndarray) -> int:
     return int((r.max(axis=0) != r.min(axis=0)).sum())
 
 
+def pairwise_discordance(rewards: np.ndarray) -> float:
+    """Mean share of prompts on which two candidates' verdicts differ, over all candidate pairs.
+
+    For identical adapters (a placebo generation) this is the numerics floor: how often the batch slot
+    alone flips a verdict. With k of P candidates right on a prompt, k (P - k) of the P (P - 1) / 2
+    pairs disagree there.
+
+    Args:
+        rewards: (P, N, G) or (P, N) rewards; a (candidate, prompt) verdict is its mean over G, NaN
+            (unscorable) counts as a verdict of its own.
+
+    Returns:
+        Share in [0, 1]; NaN when P < 2 or N == 0.
+    """
+    r = np.asarray(rewards, dtype=float)
+    r = np.nan_to_num(r.reshape(r.shape[0], r.shape[1], -1).mean(axis=2), nan=-1.0)  # (P, N)
+    P, N = r.shape
+    if P < 2 or N == 0:
+        return float("nan")
+    differ = [sum(int(c) * (P - int(c)) for c in np.unique(col, return_counts=True)[1]) // 2 for col in r.T]
+    return float(np.mean(differ) / (P * (P - 1) / 2))
+
+
+def one_text_share(texts: list[list[str]]) -> float:
+    """Share of prompts on which every candidate wrote the same completion text.
+
+    Args:
+        texts: [P][N] completion texts (one per candidate and prompt; the first sample when G > 1).
+
+    Returns:
+        Share in [0, 1]; NaN when there are no prompts.
+    """
+    if not texts or not texts[0]:
+        return float("nan")
+    return float(np.mean([len({t[n] for t in texts}) == 1 for n in range(len(texts[0]))]))
+
+
+def numerics_share(placebo_var: float, population_var: float) -> float:
+    """The part of a real population's fitness variance that identical adapters show too (issue 42):
+    placebo fitness variance over the population's, capped at 1; NaN when the population has none."""
+    if not population_var > 0:
+        return float("nan")
+    return float(min(placebo_var / population_var, 1.0))
+
+
 VALIDATION_PROBLEMS = "validation_problems.parquet"  # per-problem validation rows of essa train / grpo
 CONDITION_ORDER = ("no_adapter", "sft", "mean", "best")
 """The order conditions are shown in (tables, figures, summaries); others follow, sorted."""

@@ -1,0 +1,124 @@
+"""The numerics floor's measures (issue 42): pairwise verdict discordance, one-text share, the placebo
+generation's statistics, and the lab's batch-slot noise knob."""
+import itertools
+
+import numpy as np
+import pytest
+
+from engine.evaluation.numerics import placebo_stats, share_line
+from engine.lab.landscapes import MinibatchLandscape, MinibatchParams, placebo_discordance
+from engine.results.stats import numerics_share, one_text_share, pairwise_discordance
+
+
+def brute_discordance(r: np.ndarray) -> float:
+    pairs = list(itertools.combinations(range(r.shape[0]), 2))
+    return float(np.mean([np.mean(r[a] != r[b]) for a, b in pairs]))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_pairwise_discordance_matches_counting_every_pair(seed):
+    r = (np.random.default_rng(seed).random((7, 30)) < 0.4).astype(float)
+    assert pairwise_discordance(r) == pytest.approx(brute_discordance(r))
+
+
+def test_pairwise_discordance_is_zero_for_identical_verdicts_and_one_for_two_opposites():
+    same = np.tile((np.arange(12) % 3 == 0).astype(float), (5, 1))
+    assert pairwise_discordance(same) == 0.0
+    assert pairwise_discordance(np.array([[1.0, 0.0], [0.0, 1.0]])) == 1.0
+    assert np.isnan(pairwise_discordance(np.ones((1, 4))))
+
+
+def test_pairwise_discordance_averages_samples_and_treats_unscorable_as_a_verdict():
+    r = np.array([[[1, 0], [1, 1]], [[1, 0], [np.nan, np.nan]]], dtype=float)  # (P 2, N 2, G 2)
+    assert pairwise_discordance(r) == 0.5  # prompt 0 agrees (mean 0.5 both), prompt 1 differs
+
+
+def test_one_text_share_counts_prompts_where_every_candidate_wrote_the_same():
+    texts = [["a", "b", "c"], ["a", "b", "x"], ["a", "y", "c"]]
+    assert one_text_share(texts) == pytest.approx(1 / 3)
+    assert np.isnan(one_text_share([]))
+
+
+def test_placebo_stats_of_a_generation():
+    rewards = np.array([[1, 0, 1, 1], [1, 0, 0, 1], [1, 0, 1, 1]], dtype=float)[:, :, None]
+    texts = [["s", "t", "u", "v"], ["s", "t", "w", "v"], ["s", "t", "u", "v"]]
+    out = placebo_stats(rewards, texts)
+    assert (out.population, out.prompts, out.prompts_disagreeing) == (3, 4, 1)
+    assert out.fitness_std == pytest.approx(np.std([0.75, 0.5, 0.75]))
+    assert out.pairwise_discordance == pytest.approx(brute_discordance(rewards[:, :, 0]))
+    assert out.one_text_share == 0.75
+    assert "1 prompts disagree" in out.line() and "75 %" in out.line()
+
+
+def test_numerics_share_is_capped_and_undefined_without_variance():
+    assert numerics_share(0.0007, 0.0014) == pytest.approx(0.5)
+    assert numerics_share(0.003, 0.001) == 1.0
+    assert np.isnan(numerics_share(0.001, 0.0))
+    assert "50 %" in share_line(0.0007, 0.0014) and "n/a" in share_line(0.1, 0.0)
+
+
+def test_lab_numerics_knob_flips_identical_genomes_and_zero_keeps_them_tied():
+    quiet = MinibatchLandscape(240, seed=5, prompts=64)
+    noisy = MinibatchLandscape(240, seed=5, prompts=64, params=MinibatchParams(numerics=0.17))
+    assert placebo_discordance(quiet, 9, 3) == 0.0
+    d = placebo_discordance(noisy, 9, 3)
+    assert 0.02 < d < 0.12  # the AMX bf16 placebo's 0.04-0.07 (issue 42) lies here
+    x = np.zeros((4, 240))
+    np.testing.assert_array_equal(noisy.rewards(x, 0, 1), noisy.rewards(x, 0, 1))  # deterministic per generation
+    np.testing.assert_array_equal(noisy.held_out(x[0]), quiet.held_out(x[0]))  # held-out scores stay exact
+
+
+def test_lab_numerics_knob_rejects_negative_values():
+    with pytest.raises(ValueError, match="landscape.options.numerics"):
+        MinibatchParams.with_options({"numerics": -0.1})
+
+
+# ----------------------------------------------------------------------------- engine.numerics
+def _device(*flags, gpu=False):
+    from engine.hardware import CPUInfo, DeviceInfo, GPUInfo
+
+    return DeviceInfo(CPUInfo("test cpu", frozenset(flags), 2), GPUInfo("H100", True) if gpu else None)
+
+
+AMX = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+@pytest.mark.parametrize("requested,dtype,device,env,mode", [
+    ("auto", "bfloat16", _device(*AMX), {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, "invariant"),
+    ("invariant", "bfloat16", _device(*AMX), {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, "invariant"),
+    ("fast", "bfloat16", _device(*AMX), {}, "fast"),
+    ("auto", "float32", _device(*AMX), {}, "invariant"),                      # AMX computes no fp32 GEMM
+    ("auto", "bfloat16", _device("avx2", "avx512f", "avx512_bf16"), {}, "invariant"),  # no AMX: nothing to cap
+    ("auto", "float32", _device("avx2"), {}, "invariant"),
+    ("auto", "bfloat16", _device(*AMX, gpu=True), {"VLLM_BATCH_INVARIANT": "1"}, "invariant"),
+    (" Fast ", "bfloat16", _device(*AMX, gpu=True), {}, "fast"),
+])
+def test_resolve_numerics_caps_only_what_changes_with_the_batch(requested, dtype, device, env, mode):
+    from engine.hardware import resolve_numerics
+
+    got_mode, got_env, reason = resolve_numerics(requested, dtype, device, environ={})
+    assert (got_mode, got_env) == (mode, env) and reason
+
+
+def test_resolve_numerics_keeps_a_switch_already_set_and_rejects_unknown_modes():
+    from engine.hardware import resolve_numerics
+
+    assert resolve_numerics("auto", "bfloat16", _device(gpu=True), environ={"VLLM_BATCH_INVARIANT": "0"})[1] == {}
+    with pytest.raises(ValueError, match=r"^engine.numerics='exact': use auto, fast .* or invariant"):
+        resolve_numerics("exact", "bfloat16", _device(*AMX), environ={})
+
+
+def test_every_engine_config_carries_numerics():
+    from hydra import compose, initialize_config_dir
+
+    from engine.backends.vllm_local import backend_kwargs
+    from engine.commands import register_configs
+    from engine.config import CONF_DIR
+
+    register_configs()
+    for name, overrides in (("train", []), ("train", ["engine=ray"]), ("eval", []), ("bench", []),
+                            ("train", ["engine.numerics=fast"])):
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name=name, overrides=overrides)
+        kw = backend_kwargs(cfg.engine, max_lora_rank=8, max_loras=2, max_model_len=64, dtype="float32", seed=0)
+        assert kw["numerics"] == ("fast" if overrides == ["engine.numerics=fast"] else "auto")
