@@ -178,7 +178,7 @@ class StrategyConfig:
 @dataclass
 class SignalConfig:
     """The fitness-signal levers of ``essa train``'s ``rollout`` group, shared with ``essa lab``'s, so a
-    lab setting moves 1:1 to a real run (issue 26; docs/RESULTS.md).
+    lab setting moves 1:1 to a real run (docs/log/2026-12-02-signal-levers-in-the-lab.md).
 
     dense: the dense reward, log p(reference answer | prompt, the rollout's own reasoning), one prefill-only
       pass per rollout (Kwiatkowski et al., arXiv 2602.03979; rewards/likelihood.py): ``off``; ``tiebreak``

@@ -23,7 +23,7 @@ only picks the ISA of ATen's own element-wise kernels and leaves bf16 GEMMs nati
 Xeon, one thread, (200 x 576) @ (576 x 1536) in bf16: 0.31 ms plain, 0.35 ms with
 ``ATEN_CPU_CAPABILITY=avx2``, 144 ms with ``ONEDNN_MAX_CPU_ISA=AVX2``; pytorch issue 82881), so it
 no longer counts. Setting ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`` emulates an AVX2-only
-machine on an AVX-512 one (docs/RESULTS.md). Neither changes ``torch.cpu._is_amx_tile_supported()``,
+machine on an AVX-512 one (docs/results/speed.md). Neither changes ``torch.cpu._is_amx_tile_supported()``,
 which vLLM's CPU attention and quantized kernels (and :func:`engine.model.check_quantization`) read; in
 vLLM's processes the engine's plugin makes it follow a cap that switches AMX off
 (:func:`amx_switched_off`), without which vLLM dies there with SIGILL.

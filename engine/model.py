@@ -304,7 +304,7 @@ def check_quantization(quantization: str | None, gpu: bool | None = None, amx: b
 
     * GPU: int8 (W8A8, CUTLASS scaled-mm) and int4 (W4A16, Marlin / Machete kernels).
     * CPU with AMX (``amx_tile``): int8 through the AMX int8 GEMM (``CPUInt8ScaledMMLinearKernel``'s
-      SGL path) and int4 through ``CPUWNA16LinearKernel`` (measured: docs/RESULTS.md).
+      SGL path) and int4 through ``CPUWNA16LinearKernel`` (measured: docs/results/quantized.md).
     * CPU without AMX: int4 only. The int8 kernel's oneDNN path (taken without AMX) pre-packs the
       weight into a oneDNN handle and sets ``layer.weight = None``, while vLLM's LoRA layers look up
       ``base_layer.weight.device`` when they wrap the layer (vllm/lora/layers/utils.py), so the

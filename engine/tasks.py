@@ -273,7 +273,7 @@ def arithmetic_problem(rng: random.Random, steps: int, max_value: int) -> tuple[
     (2-3 terms of 1-2 digits) 0.348 but 26.7 tokens, bare expressions with no words to read;
     ``basic_arithmetic`` (the same sizes, ``+ - *``, negation, parentheses) 0.122, below the 20 % a useful
     fitness signal needs. Only this one has both the 20-60 % warm start and the ~45-token completions the
-    default run's study and its ``deadline_s`` pricing were measured on (docs/RESULTS.md).
+    default run's study and its ``deadline_s`` pricing were measured on (docs/log/2026-12-02-reasoning-gym-default-task.md).
 
     Args:
         rng: the random stream (deterministic per seed).

@@ -304,7 +304,7 @@ class SVDLoRAGenome(GenomeCodec):
         genomes = self._check_batch(genomes)
         return self.apply_offsets(genomes.reshape(len(genomes), len(self.keys), self.k))
 
-    def apply_offsets(self, offsets):
+    def apply_offsets(self, offsets: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
         """Singular values s' from genome offsets: s_top + x (additive) or s_top (1 + x) (relative).
 
         Args:

@@ -374,9 +374,15 @@ def check_strategy(cls: type[Strategy], *, dim: int = 8, population_size: int = 
     """Run every check of :data:`CHECKS` on ``cls``; the first failure raises.
 
     Args:
-        cls: the Strategy subclass. dim, population_size, sigma0, options, seed: the small
-            problem the checks build it on (P must suit the strategy, e.g. even for openai_es).
-        memory_dim, max_state_mb, max_peak_mb: :func:`check_memory`'s D and limits (P 4).
+        cls: the Strategy subclass.
+        dim: D of the small problem the checks build it on.
+        population_size: P of that problem (it must suit the strategy, e.g. even for openai_es).
+        sigma0: the initial step size.
+        options: keyword options passed to ``cls`` (its ``strategy.options``).
+        seed: the seed of the strategies the checks build.
+        memory_dim: :func:`check_memory`'s D (at P 4).
+        max_state_mb: :func:`check_memory`'s limit on the pickled ``state_dict`` (MB; None: no limit).
+        max_peak_mb: :func:`check_memory`'s limit on the tracemalloc peak (MB; None: no limit).
         verbose: print the memory figures (one line).
 
     Returns:

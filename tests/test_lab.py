@@ -88,7 +88,7 @@ def test_genome_zero_scores_what_the_calibration_says():
 
 
 def test_the_oracle_holds_more_in_the_full_genome():
-    """Calibrated to the gradient oracle of docs/RESULTS.md: a few points inside D 240, about +17 in D 1920."""
+    """Calibrated to the gradient oracle of docs/results/genome-capacity.md: a few points inside D 240, about +17 in D 1920."""
     small, full = MinibatchLandscape(240, 5, 64).oracle(), MinibatchLandscape(1920, 5, 64).oracle()
     assert 0.02 < small["gain"] < 0.07 and 0.14 < full["gain"] < 0.21, (small["gain"], full["gain"])
     assert small["expected"] < full["expected"]

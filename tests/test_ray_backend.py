@@ -45,7 +45,7 @@ ESSA = str(Path(sys.executable).parent / "essa")
 # what else shares its forward step, since a shard batches fewer adapters than the local engine's single
 # call. vLLM's CPU kernels are (per token); essa's fast_lora kernels are not yet: with them the local
 # engine alone gives candidate 1 other greedy tokens in its multi-process default than in-process or in
-# halves (docs/DISTRIBUTED.md). vLLM's kernels give base-model requests in a mixed batch the last LoRA slot's
+# halves (docs/guide/ray.md). vLLM's kernels give base-model requests in a mixed batch the last LoRA slot's
 # adapter once that slot was used (vllm-project/vllm PR #48421); essa's plugin masks that on vLLM 0.32
 # (tests/test_no_adapter_batch.py), and no-adapter requests are still scored on a fresh engine here.
 TINY = ["+experiment=tiny", "rollout.prompts_per_generation=2", "rollout.max_tokens=16", "eval.max_tokens=16",

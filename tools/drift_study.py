@@ -1,4 +1,4 @@
-"""The off-task drift study (issue 28): one Markdown table and one PNG from an ``essa eval
+"""The off-task drift study (docs/results/grpo.md): one Markdown table and one PNG from an ``essa eval
 drift.enabled=true`` directory whose conditions are named ``<method>_s<seed>`` (plus a control).
 
     .venv/bin/python tools/drift_study.py EVAL_DIR [--control sft] [--accuracy OTHER_EVAL_DIR ...] [--out DIR]

@@ -1,8 +1,8 @@
-"""Capacity of the ESSA genome: how far can singular-value search move the model at all? (issue 11)
+"""Capacity of the ESSA genome: how far can singular-value search move the model at all? (docs/results/genome-capacity.md)
 
 The default run (``essa train``: 20-step SFT warm start, then CMA-ES over the top singular value
 of every LoRA factor, D = 240) gains about +3 to +5 points held-out and then plateaus
-(docs/RESULTS.md, "Does evolution improve the model?"). Two explanations fit: the ES *signal and
+(docs/results/evolution.md). Two explanations fit: the ES *signal and
 budget* (16 candidates in D 240, noisy fitness on 64 greedy prompts, 10 generations), or the
 *capacity* of the search space itself (one scale per factor on frozen singular vectors may
 simply not reach a better model). This tool separates the two with a gradient oracle: it keeps

@@ -278,7 +278,7 @@ class PopulationEvaluator:
                             timings: dict | None = None) -> tuple[np.ndarray, int]:
         """The mean log-probability per token of each problem's worked solution after its prompt, under
         each adapter, prefill-only in one multi-LoRA batch (engine/evaluation/prefill.py): a dense,
-        supervised fitness (the loss of the warm start and of the gradient oracle, docs/RESULTS.md;
+        supervised fitness (the loss of the warm start and of the gradient oracle, docs/results/genome-capacity.md;
         zeroth-order likelihood search as in EA4LLM, arXiv 2510.10603, and MeZO).
 
         Returns:

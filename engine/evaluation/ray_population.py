@@ -14,7 +14,7 @@ worker serves its own candidates and only tiny messages cross the network. Here:
   local engine's single batch. Greedy results equal those of an engine with the actors' setup
   (in-process engine core, ``cpus_per_actor`` cores) serving the same shards, checked by
   tests/test_ray_backend.py; a local run (one batch, every core) can differ in a few near-tie greedy
-  tokens on CPU, since bf16 GEMM results depend on the batch and the thread count (docs/DISTRIBUTED.md);
+  tokens on CPU, since bf16 GEMM results depend on the batch and the thread count (docs/guide/ray.md);
 * faults: when an actor dies mid-generation (killed, out of memory) its shard goes back to the
   queue and runs on the first actor that is free: a surviving one, or the dead one once Ray has
   restarted it (``max_restarts = engine.max_actor_restarts``). Finished shards are kept; the log

@@ -5,7 +5,7 @@ Modules, in the order data flows:
 
 * :mod:`engine.lab.base`: the landscape contract;
 * :mod:`engine.lab.landscapes`: the landscapes (``minibatch``, a simulator of essa's fitness calibrated
-  against docs/RESULTS.md; classic test functions) and their registry;
+  against docs/results/evolution.md; classic test functions) and their registry;
 * :mod:`engine.lab.likelihood`: the real model and genome, fitness the log-likelihood of reference
   solutions scored prefill-only through vLLM (engine/evaluation/prefill.py);
 * :mod:`engine.lab.runner`: ask -> landscape rewards (P, N, 1) (and the dense score) -> essa train's shaped

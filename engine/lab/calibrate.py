@@ -1,4 +1,4 @@
-"""Calibration of the ``minibatch`` simulator: its statistics beside the real runs' (docs/RESULTS.md).
+"""Calibration of the ``minibatch`` simulator: its statistics beside the real runs' (docs/results/evolution.md).
 
     python -m engine.lab.calibrate                 # D 240 over 16 seeds, D 1920 over 4; a Markdown table
     python -m engine.lab.calibrate --seeds 32 --landscape-seed 3 --options '{"chaos": 0.5}'
@@ -6,8 +6,9 @@
 
 The setting is the real default run's: CMA-ES (``strategy=essa``: full covariance, tie-averaged
 weights), P 16, N 64, sigma0 0.3, 10 generations, 500 held-out problems, and the same with the genome
-widened to D 1920 (alpha 1). The real column quotes docs/RESULTS.md ("The default run, three seeds"
-onwards: the three default seeds, the session 5-7 runs, the gradient oracle of session 6). How the
+widened to D 1920 (alpha 1). The real column quotes the study of 2026-12-01
+(docs/log/2026-12-01-does-evolution-improve.md: the three default seeds, the probes, the full-genome runs
+and the gradient oracle). How the
 knobs were set (engine/lab/landscapes.py, MinibatchParams), one target each, in this order: chaos and
 length from the discordant pairs between genome zero and the final mean (b + c, about 14 % of the
 held-out set) and the candidates' spread (max - mean, variance ratio); sharp and sharpness from the
@@ -49,7 +50,7 @@ from engine.lab.landscapes import MinibatchLandscape, MinibatchParams
 from engine.lab.runner import Setting, run_settings
 from engine.lab.summary import seed_summary
 
-REAL = {  # statistic -> (real at D 240, real at D 1920), from docs/RESULTS.md
+REAL = {  # statistic -> (real at D 240, real at D 1920), from docs/log/2026-12-01-does-evolution-improve.md
     "held_out_zero": ("0.276-0.294 (SFT rows of 9 runs)", "0.276 / 0.284"),
     "fitness_range": ("0.19-0.38 (probe C)", "-"),
     "max_minus_mean": ("0.05-0.10 (probe C)", "-"),

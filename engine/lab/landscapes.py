@@ -6,7 +6,7 @@ maximised. Registry: :data:`LANDSCAPES`; build one with :func:`make_landscape`.
 
 ``minibatch``: the simulator (:class:`MinibatchLandscape`)
 --------------------------------------------------------------
-What ES sees in this product (docs/RESULTS.md, "The default run, three seeds" onwards): a genome
+What ES sees in this product (docs/results/evolution.md and its study log): a genome
 x (D,), a train pool of problems and a held-out set of 500; each generation a fresh minibatch of
 N problems shared by every candidate; 0/1 outcomes that are DETERMINISTIC per (genome, problem),
 as greedy decoding is, so nearby candidates tie. Problem i is solved when its score is positive::
@@ -56,8 +56,9 @@ generations; its docstring holds the table, ``python -m engine.lab.calibrate`` p
 
 and ``landscape.seed`` 5 (conf/lab.yaml) is the instance whose held-out set scores 0.292 at genome zero.
 
-The dense score (``rollout.dense``, issue 26): what essa train's dense reward is in the simulator
-------------------------------------------------------------------------------------------------
+The dense score (``rollout.dense``): what essa train's dense reward is in the simulator
+----------------------------------------------------------------------------------------
+Studied in docs/log/2026-12-02-signal-levers-in-the-lab.md (which lever makes ES learn).
 essa train's dense reward is log p(reference answer | prompt, the rollout's own reasoning), a sum over
 the answer's tokens in nats (engine/evaluation/population.py ``dense_scores``): near 0 where greedy
 decoding wrote the reference (it was the argmax), very negative where the reasoning led elsewhere, and

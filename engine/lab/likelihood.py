@@ -7,7 +7,7 @@ of the problem's reference solution after its prompt (nats per token, <= 0), sco
 the whole population in one multi-LoRA vLLM batch (engine/evaluation/prefill.py); the minibatch is
 ``engine.tasks.minibatch``'s, as in essa train. The fitness is dense: candidates almost never tie, so
 this landscape shows what a strategy does with the same genome when the 0/1 greedy signal is replaced
-by the supervised one (the gradient oracle of docs/RESULTS.md, session 6, optimises the same loss).
+by the supervised one (the gradient oracle of docs/results/genome-capacity.md optimises the same loss).
 
 ``true_fitness`` is the same score on the first ``true_problems`` held-out problems; ``held_out`` is
 greedy accuracy on the task's held-out split (``max_tokens`` new tokens, the math reward), 0/1 per
