@@ -2,8 +2,8 @@
 
 ESSA ranks candidates by small fitness differences (ESSA §3.3), so a candidate's verdicts must follow
 its weights, not its batch slot or its neighbours. Real engine, default model, ``essa train``'s own
-configuration (``model.dtype: auto``, so the default dtype of the CPU class the test runs on, prefix
-caching as the run has it, 96 greedy tokens), eight GSM8K test problems:
+configuration with ``engine.numerics=invariant`` (``model.dtype: auto``, so the default dtype of the CPU
+class the test runs on, prefix caching as the run has it, 96 greedy tokens), eight GSM8K test problems:
 
 1. one call of eight adapters: the same adapter under two ids in slots 1 and 6 (byte-identical
    files), six others around them (random LoRA factors of other seeds);
@@ -11,8 +11,8 @@ caching as the run has it, 96 greedy tokens), eight GSM8K test problems:
 
 Every problem's completion must be the same text in both slots and alone. On the AMX Xeon in bf16
 (oneDNN picks its GEMM kernel by the batch's row count) the copies disagreed on up to half of the
-prompts; ``engine.numerics: auto`` serves the population with kernels that do not change with the
-batch (engine/hardware.py ``resolve_numerics``).
+prompts; ``engine.numerics=invariant`` serves the population with kernels that do not change with the
+batch there (engine/hardware.py ``resolve_numerics``); on the other classes the default kernels already do.
 """
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ def setup(tmp_path_factory):
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="train", overrides=["task=gsm8k", f"task.val_size={N_PROMPTS}",
-                                                      "engine.kv_cache_gib=1", f"strategy.population_size={OTHERS + 1}"])
+                                                      "engine.kv_cache_gib=1", f"strategy.population_size={OTHERS + 1}",
+                                                      "engine.numerics=invariant"])
     model = resolve_model_path(cfg.model.path)
     config = AutoConfig.from_pretrained(model)
     alpha = 2.0 * cfg.lora.rank

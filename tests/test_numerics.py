@@ -84,13 +84,13 @@ AMX = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
 
 @pytest.mark.parametrize("requested,dtype,device,env,mode", [
-    ("auto", "bfloat16", _device(*AMX), {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, "invariant"),
+    ("auto", "bfloat16", _device(*AMX), {}, "fast"),                          # signal per second (lab)
     ("invariant", "bfloat16", _device(*AMX), {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, "invariant"),
     ("fast", "bfloat16", _device(*AMX), {}, "fast"),
-    ("auto", "float32", _device(*AMX), {}, "invariant"),                      # AMX computes no fp32 GEMM
-    ("auto", "bfloat16", _device("avx2", "avx512f", "avx512_bf16"), {}, "invariant"),  # no AMX: nothing to cap
-    ("auto", "float32", _device("avx2"), {}, "invariant"),
-    ("auto", "bfloat16", _device(*AMX, gpu=True), {"VLLM_BATCH_INVARIANT": "1"}, "invariant"),
+    ("invariant", "float32", _device(*AMX), {}, "invariant"),                 # AMX computes no fp32 GEMM
+    ("invariant", "bfloat16", _device("avx2", "avx512f", "avx512_bf16"), {}, "invariant"),  # no AMX: nothing to cap
+    ("auto", "float32", _device("avx2"), {}, "fast"),
+    ("invariant", "bfloat16", _device(*AMX, gpu=True), {"VLLM_BATCH_INVARIANT": "1"}, "invariant"),
     (" Fast ", "bfloat16", _device(*AMX, gpu=True), {}, "fast"),
 ])
 def test_resolve_numerics_caps_only_what_changes_with_the_batch(requested, dtype, device, env, mode):
@@ -103,7 +103,7 @@ def test_resolve_numerics_caps_only_what_changes_with_the_batch(requested, dtype
 def test_resolve_numerics_keeps_a_switch_already_set_and_rejects_unknown_modes():
     from engine.hardware import resolve_numerics
 
-    assert resolve_numerics("auto", "bfloat16", _device(gpu=True), environ={"VLLM_BATCH_INVARIANT": "0"})[1] == {}
+    assert resolve_numerics("invariant", "bfloat16", _device(gpu=True), environ={"VLLM_BATCH_INVARIANT": "0"})[1] == {}
     with pytest.raises(ValueError, match=r"^engine.numerics='exact': use auto, fast .* or invariant"):
         resolve_numerics("exact", "bfloat16", _device(*AMX), environ={})
 
@@ -122,3 +122,49 @@ def test_every_engine_config_carries_numerics():
             cfg = compose(config_name=name, overrides=overrides)
         kw = backend_kwargs(cfg.engine, max_lora_rank=8, max_loras=2, max_model_len=64, dtype="float32", seed=0)
         assert kw["numerics"] == ("fast" if overrides == ["engine.numerics=fast"] else "auto")
+
+
+# ----------------------------------------------------------------------------- the final call's floor
+def _final_run(numerics="fast", dtype="bfloat16"):
+    from types import SimpleNamespace
+
+    added = []
+    run = SimpleNamespace(evaluator=SimpleNamespace(backend=SimpleNamespace(numerics=numerics, dtype=dtype)), P=16,
+                          task=SimpleNamespace(val=[None] * 4), cfg=SimpleNamespace(eval=SimpleNamespace(max_tokens=8), seed=0),
+                          validation=SimpleNamespace(add=lambda step, rewards: added.append(rewards)), condition_s=0.0)
+    return run, added
+
+
+@pytest.mark.parametrize("flags,numerics,dtype,copied", [
+    (AMX, "fast", "bfloat16", True), (AMX, "invariant", "bfloat16", False), (AMX, "fast", "float32", False),
+    (("avx2", "avx512f", "avx512_bf16"), "fast", "bfloat16", False)])
+def test_final_call_carries_a_warm_start_copy_only_where_slots_move_answers(monkeypatch, flags, numerics, dtype, copied):
+    from engine.backends import AdapterRef
+    from engine.commands import train
+
+    monkeypatch.setattr("engine.hardware.detect_device", lambda: _device(*flags))
+    run, _ = _final_run(numerics, dtype)
+    sft = AdapterRef("sft", 7, "/adapters/sft")
+    copy = train.numerics_copy(run, {"sft": sft, "mean": AdapterRef("mean", 8, "/m")}, 10)
+    assert (copy is not None) == copied
+    if copied:
+        assert copy.path == sft.path and copy.lora_int_id not in (7, 8)
+    assert train.numerics_copy(run, {"mean": AdapterRef("mean", 8, "/m")}, 10) is None  # no warm start, no copy
+
+
+def test_final_call_note_counts_the_copy_flips_and_keeps_it_out_of_the_table(monkeypatch):
+    from engine.backends import AdapterRef
+    from engine.commands import train
+
+    monkeypatch.setattr("engine.hardware.detect_device", lambda: _device(*AMX))
+    seen = {}
+
+    def fake_rewards(evaluator, conditions, problems, max_tokens, seed):
+        seen.update(conditions)
+        return {"sft": np.array([1.0, 0, 1, 0]), "mean": np.array([1.0, 1, 1, 0]), "sft_copy": np.array([1.0, 1, 0, 0])}
+
+    monkeypatch.setattr("engine.evaluation.validation.held_out_rewards", fake_rewards)
+    run, added = _final_run()
+    note = train.validate_final(run, 10, {"sft": AdapterRef("sft", 7, "/s"), "mean": AdapterRef("mean", 8, "/m")})
+    assert "sft_copy" in seen and "disagreed with it on 2 of 4 verdicts" in note
+    assert set(added[0]) == {"sft", "mean"}

@@ -330,6 +330,43 @@ def validate_held_out(run: TrainRun, step: int, conditions: dict[str, AdapterRef
     run.validation.add(step, rewards)
 
 
+def validate_final(run: TrainRun, step: int, conds: dict[str, AdapterRef | None]) -> str:
+    """The final paired call; where the engine's kernels move answers with the batch slot (AMX bf16 under
+    ``engine.numerics`` fast) a byte copy of the warm start rides in the same call, and the table's note
+    says on how many held-out verdicts it disagreed with the warm start: the numerics floor a gain is
+    read against (issue 42). Returns that note (empty without a copy)."""
+    from engine.evaluation.validation import held_out_rewards
+
+    copy = numerics_copy(run, conds, step)
+    if copy is None:
+        validate_held_out(run, step, conds)
+        return ""
+    t0 = time.perf_counter()
+    rewards = held_out_rewards(run.evaluator, {**conds, "sft_copy": copy}, run.task.val, run.cfg.eval.max_tokens,
+                               run.cfg.seed)
+    run.condition_s = (time.perf_counter() - t0) / (len(conds) + 1)
+    flips = int(np.sum(rewards.pop("sft_copy") != rewards["sft"]))
+    run.validation.add(step, rewards)
+    log.info("numerics floor: a copy of the warm start disagreed with it on %d of %d verdicts", flips,
+             len(run.task.val))
+    return (f"; numerics floor: a byte copy of the warm start in the same call disagreed with it on {flips} of "
+            f"{len(run.task.val)} verdicts (engine.numerics=invariant removes it)")
+
+
+def numerics_copy(run: TrainRun, conds: dict[str, AdapterRef | None], step: int) -> AdapterRef | None:
+    """A second id for the warm start's adapter when this engine's answers can move with the batch slot
+    (bf16 with AMX and ``engine.numerics`` fast) and the warm start is in the final call, else None."""
+    from engine.hardware import detect_device
+
+    sft = conds.get("sft")
+    backend = getattr(run.evaluator, "backend", None)
+    if sft is None or getattr(backend, "numerics", "invariant") != "fast" or getattr(backend, "dtype", "") == "float32":
+        return None
+    if "amx_bf16" not in detect_device().cpu.flags:
+        return None
+    return AdapterRef("final-sft-copy", lora_int_id(step, run.P + 63), sft.path)
+
+
 def base_model_rewards(run: TrainRun, score: bool = True) -> dict[str, np.ndarray] | None:
     """``{"no_adapter": (N,) rewards}`` of the held-out problems, from the baseline cache when an earlier
     run scored the same model, dtype, problems and decoding (engine/evaluation/validation.py), else
@@ -550,16 +587,17 @@ def finish(run: TrainRun) -> dict:
     final_step = state.generation + 1  # = generations, or fewer when a budget stopped the run
     conds = _export_adapters(run, final_step)
     sampled = None
+    floor_note = ""
     if final_step > 0:
         log.info("final call: %s on %d held-out problems (greedy)", ", ".join(conds), len(run.task.val))
-        validate_held_out(run, final_step, conds)
+        floor_note = validate_final(run, final_step, conds)
         _late_base_model(run)
         sampled = sampled_metrics(run, {k: conds[k] for k in ("sft", "mean") if k in conds})
     run.evaluator.close()
     same_call = cfg.eval.baselines and final_step > 0
     summary = final_summary(run.run_dir, run.validation.summary(), run.task.name,
                             "scored again in the same final engine call as the ES adapters (a paired test)"
-                            if same_call else "",
+                            + floor_note if same_call else "",
                             n_problems=len(run.task.val), generations=final_step, stopped_by=run.stopped_by,
                             wall_s=run.clock(), tracker=run.tracker, **({"sampled": sampled} if sampled else {}),
                             **({"skipped_by_deadline": run.skipped} if run.skipped else {}))
