@@ -168,7 +168,8 @@ def attention_shapes(config: dict, target_modules) -> list[tuple[int, int]] | No
     num_attention_heads, num_key_value_heads, head_dim, num_hidden_layers); None when a field is
     missing or a target is not one of q_proj, k_proj, v_proj, o_proj (the genome codecs' modules)."""
     try:
-        hidden, heads, layers = int(config["hidden_size"]), int(config["num_attention_heads"]), int(config["num_hidden_layers"])
+        hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+        layers = int(config["num_hidden_layers"])
         kv = int(config.get("num_key_value_heads") or heads)
         hd = int(config.get("head_dim") or hidden // heads)
     except (KeyError, TypeError, ValueError):

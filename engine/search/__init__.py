@@ -143,7 +143,8 @@ def genome_text(genome, dim: int | None = None, rank: int | None = None, layers:
         return what
     if genome.kind == "svd_lora" and rank and layers and modules:
         k = math.floor(genome.alpha * rank + 1e-9)
-        return f"{what}: D {dim} = {layers} layers x {modules} modules x 2 factors x {k} singular values (lora.rank {rank})"
+        return (f"{what}: D {dim} = {layers} layers x {modules} modules x 2 factors x {k} singular values "
+                f"(lora.rank {rank})")
     return f"{what}: D {dim}"
 
 
