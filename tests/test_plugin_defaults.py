@@ -56,12 +56,18 @@ def plugins_site(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def installed(plugins_site, monkeypatch) -> Path:
-    """The fixture plugins importable and registered as ``strategy=`` options in this process."""
+def installed(plugins_site, monkeypatch):
+    """The fixture plugins importable and registered as ``strategy=`` options in this process (their
+    ConfigStore entries removed afterwards, so later tests list only the real options)."""
+    from hydra.core.config_store import ConfigStore
+
     monkeypatch.syspath_prepend(str(plugins_site))
     monkeypatch.delitem(sys.modules, "essa_defaults_plugins", raising=False)
     register_configs()
-    return plugins_site
+    yield plugins_site
+    group = ConfigStore.instance().repo.get("strategy", {})
+    for line in ENTRY_POINTS.splitlines()[1:]:
+        group.pop(f"{line.split(' = ')[0]}.yaml", None)
 
 
 @pytest.fixture
