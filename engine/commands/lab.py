@@ -157,7 +157,7 @@ def build_setting(label: str, change: dict, cfg, landscapes: dict, choice: str |
     return Setting(label, str(s._target_ or s.name), cls, int(s.population_size), float(s.sigma0),
                    strategy_options(s), landscape, int(cfg.generations), str(cfg.aggregate), change,
                    float(s.get("mean_decay", 0.0)), lab_rollout(cfg, landscape), budget,
-                   genome.summary(landscape.dim))
+                   genome=genome.summary(landscape.dim))
 
 
 def lab_rollout(cfg, landscape):
