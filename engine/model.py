@@ -139,6 +139,48 @@ def _check_hub_id(repo_id: str, timeout_s: float = 10.0) -> None:
                                 f"model and pass its directory") from None
 
 
+def local_model_config(path: str) -> dict | None:
+    """The ``config.json`` of ``model.path`` when it is on this machine already (the converted embedded
+    model, a local directory, or a Hugging Face id in the local cache); None otherwise. Converts,
+    downloads and asks nothing, so ``--cfg job`` can use it."""
+    if path == DEFAULT_MODEL:
+        folder = cache_dir() / "models" / "SmolLM2-135M-Instruct"
+        file = folder / "config.json" if (folder / ".complete").exists() else None
+    elif Path(path).expanduser().is_dir():
+        file = Path(path).expanduser() / "config.json"
+    else:
+        from huggingface_hub import try_to_load_from_cache
+
+        try:
+            found = try_to_load_from_cache(path, "config.json")
+        except Exception:  # noqa: BLE001 - not a valid hub id either: unknown
+            found = None
+        file = Path(found) if isinstance(found, str) else None
+    try:
+        return json.loads(file.read_text()) if file is not None else None
+    except (OSError, ValueError):
+        return None
+
+
+def attention_shapes(config: dict, target_modules) -> list[tuple[int, int]] | None:
+    """(in, out) features of every adapted attention projection, layer by layer then in
+    ``target_modules`` order, from a transformers ``config.json`` dict (hidden_size,
+    num_attention_heads, num_key_value_heads, head_dim, num_hidden_layers); None when a field is
+    missing or a target is not one of q_proj, k_proj, v_proj, o_proj (the genome codecs' modules)."""
+    try:
+        hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+        layers = int(config["num_hidden_layers"])
+        kv = int(config.get("num_key_value_heads") or heads)
+        hd = int(config.get("head_dim") or hidden // heads)
+    except (KeyError, TypeError, ValueError):
+        return None
+    dims = {"q_proj": (hidden, heads * hd), "k_proj": (hidden, kv * hd), "v_proj": (hidden, kv * hd),
+            "o_proj": (heads * hd, hidden)}
+    if any(m not in dims for m in target_modules):
+        return None
+    return [dims[m] for _ in range(layers) for m in target_modules]
+
+
 # --------------------------------------------------------------------------------------------------
 # Quantized base models (model.quantization)
 # --------------------------------------------------------------------------------------------------

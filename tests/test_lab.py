@@ -383,7 +383,8 @@ def test_essa_lab_seeds_form_blocks_and_lists(tmp_path):
     ("compare=[{strategy.sigma00:0.1}]", "compare[0].strategy.sigma00=0.1:"),
     ("compare=[{seed:3}]", "compare[0].seed: belongs to the whole run"),
     ("compare=[{},{strategy:nope}]", "compare[1]: In 'lab': Could not find 'strategy/nope'; strategy options: cma_es"),
-    ("compare=[{strategy:openai_es,strategy.population_size:5}]", "compare[0]: strategy.options="),
+    ("compare=[{strategy:openai_es,strategy.population_size:5}]",
+         "compare[0]: strategy.population_size=5: OpenAIES rejects it"),  # not a dump of strategy.options (issue 46)
     ("+landscape.options.chaoss=1", "landscape.options.chaoss: no such knob"),
     ("landscape.name=likelihood", "landscape.options.features: not an option of the likelihood landscape"),
     ("rollout.dense=dense", "rollout.dense='dense': use off, tiebreak"),

@@ -63,7 +63,7 @@ def test_plugin_is_a_group_option_with_its_own_config(plugin_entry_point):
     assert cfg.strategy.sigma0 == own["sigma0"] and cfg.strategy.population_size == own["population_size"]
     assert cfg.strategy.genome.alpha == own["genome"]["alpha"]
     assert dict(cfg.strategy.options) == {}  # not essa's diagonal option
-    assert cfg.strategy.genome.mode == "additive"  # a field the plugin leaves out keeps the schema default
+    assert cfg.strategy.genome.mode == "relative"  # a field the plugin leaves out: strategy=essa's (issue 46)
 
 
 @pytest.mark.parametrize("override", ["strategy.name=random_search",

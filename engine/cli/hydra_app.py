@@ -116,11 +116,14 @@ def run_hydra(command: str, argv: list[str]) -> None:
     from engine.results.sweeps import FINISHED_SWEEPS, failure_lines, register_sweeper_defaults
 
     from .overrides import precheck
+    from .preview import preview, previewing
 
     register_configs()
     register_sweeper_defaults()  # hydra/sweeper=optuna maximises the returned accuracy
     try:
         precheck(command, argv)
+        if previewing(argv):  # --cfg job: refuse what the run would refuse, before Hydra prints the config
+            preview(command, argv)
     except USER_ERRORS as e:
         fail(e)
 

@@ -14,9 +14,12 @@ Outputs in the run directory (engine/lab/output.py): lab.parquet, lab_summary.js
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
-from engine.commands.lab_config import run_seeds, validate
+from engine.commands.lab_config import check_setting, run_seeds, setting_line, validate
+
+log = logging.getLogger("essa.lab")
 
 GROUPS = ("strategy",)
 """Config groups a ``compare`` entry may switch (``{strategy: openai_es}``)."""
@@ -83,19 +86,28 @@ def compose_setting(k: int, change: dict):
     return cfg
 
 
-def setting_configs(cfg) -> list[tuple[str, dict, object]]:
-    """(label, overrides, config) of every setting: ``compare``'s entries, or ``cfg`` alone."""
+def job_strategy_choice() -> str | None:
+    """The ``strategy`` group option this job was composed with (Hydra's runtime choices), or None outside Hydra."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get().runtime.choices.get("strategy") if HydraConfig.initialized() else None
+
+
+def setting_configs(cfg) -> list[tuple[str, dict, object, str | None]]:
+    """(label, overrides, config, strategy group option) of every setting: ``compare``'s entries, or ``cfg``
+    alone; the option is the entry's ``strategy:`` switch, else this job's (:func:`job_strategy_choice`)."""
     from omegaconf import OmegaConf
 
     base_label = cfg.label or str(cfg.strategy._target_ or cfg.strategy.name)
     if not cfg.compare:
-        return [(base_label, {}, cfg)]
+        return [(base_label, {}, cfg, job_strategy_choice())]
     out = []
     for k, entry in enumerate(cfg.compare):
         change = OmegaConf.to_container(entry, resolve=True) if OmegaConf.is_config(entry) else dict(entry)
         label = change.pop("label", None) or ", ".join(f"{a}={json.dumps(b) if isinstance(b, (dict, list)) else b}"
                                                        for a, b in change.items()) or base_label
-        out.append((str(label), change, compose_setting(k, change)))
+        switched = change.get("strategy") if isinstance(change.get("strategy"), str) else None
+        out.append((str(label), change, compose_setting(k, change), switched or job_strategy_choice()))
     return out
 
 
@@ -113,35 +125,39 @@ def likelihood_context(cfg, options: dict) -> dict:
             "genome": cfg.strategy.genome, "adapters": int(cfg.strategy.population_size) + 1}
 
 
-def build_setting(label: str, change: dict, cfg, landscapes: dict):
-    """A runnable :class:`engine.lab.runner.Setting` from one setting's config (landscapes cached by config).
+def build_setting(label: str, change: dict, cfg, landscapes: dict, choice: str | None = None):
+    """A runnable :class:`engine.lab.runner.Setting` from one setting's config (landscapes cached by config),
+    searching the genome essa train would (engine/lab/genome.py); logs one line naming it, and the warning
+    where the lab's genome is not the run's.
 
     Raises:
-        ConfigError / ValueError: a bad field, strategy, option or landscape (one line naming it).
+        ConfigError / ValueError: a bad field, strategy, option or landscape (one line naming it,
+            :func:`check_setting`).
     """
     from omegaconf import OmegaConf
 
     from engine.lab.landscapes import make_landscape
     from engine.lab.runner import Setting
-    from engine.search import check_strategy_options, strategy_class, strategy_options
+    from engine.search import strategy_options
 
-    validate(cfg)
+    cls, options, genome = check_setting(cfg, choice)
     s, land = cfg.strategy, cfg.landscape
-    cls = strategy_class(s)
-    check_strategy_options(cls, s, int(cfg.seed))
-    options = OmegaConf.to_container(land.options, resolve=True) if OmegaConf.is_config(land.options) \
-        else dict(land.options)
+    if genome.note:
+        log.warning(genome.note)
     real = land.name == "likelihood"  # the same engine serves settings of the same genome and P
-    key = json.dumps([land.name, int(land.dim), int(land.seed), int(land.prompts), options,
+    key = json.dumps([land.name, genome.dim, int(land.seed), int(land.prompts), options,
                       OmegaConf.to_container(s.genome) if real else None, int(s.population_size) if real else None],
                      sort_keys=True)
     if key not in landscapes:
         context = likelihood_context(cfg, options) if real else None
-        landscapes[key] = make_landscape(land.name, int(land.dim), int(land.seed), int(land.prompts), options, context)
+        landscapes[key] = make_landscape(land.name, genome.dim, int(land.seed), int(land.prompts), options, context)
+    landscape = landscapes[key]
+    log.info("setting %s: %s", label, setting_line(cfg, cls, genome, landscape.dim))
     budget = None if cfg.budget_evaluations is None else int(cfg.budget_evaluations)
     return Setting(label, str(s._target_ or s.name), cls, int(s.population_size), float(s.sigma0),
-                   strategy_options(s), landscapes[key], int(cfg.generations), str(cfg.aggregate), change,
-                   float(s.get("mean_decay", 0.0)), lab_rollout(cfg, landscapes[key]), budget)
+                   strategy_options(s), landscape, int(cfg.generations), str(cfg.aggregate), change,
+                   float(s.get("mean_decay", 0.0)), lab_rollout(cfg, landscape), budget,
+                   genome=genome.summary(landscape.dim))
 
 
 def lab_rollout(cfg, landscape):
@@ -191,8 +207,8 @@ def main(cfg, run_dir: str | Path) -> dict:
     seeds, landscapes = run_seeds(cfg), {}
     try:
         with one_blas_thread():
-            settings = [_named(k, bool(cfg.compare), build_setting, label, change, c, landscapes)
-                        for k, (label, change, c) in enumerate(setting_configs(cfg))]
+            settings = [_named(k, bool(cfg.compare), build_setting, label, change, c, landscapes, choice)
+                        for k, (label, change, c, choice) in enumerate(setting_configs(cfg))]
             results, wall = run_settings(settings, seeds, progress=bool(cfg.progress))
             oracles = {id(land): land.oracle() for land in landscapes.values()}
     finally:

@@ -1,4 +1,5 @@
-"""``essa lab``'s schema (conf/lab.yaml) and its checks. Light: no torch, no vLLM, no strategy import."""
+"""``essa lab``'s schema (conf/lab.yaml) and its checks. Light: no torch, no vLLM; strategies are imported only
+by the checks that need the class (:func:`check_setting`, :func:`preview`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -18,7 +19,9 @@ class LandscapeConfig:
 
     name: minibatch (the simulator of essa's fitness) | likelihood (the real model and genome, fitness the
       log-likelihood of reference solutions through vLLM: minutes to start) | sphere | ellipsoid | rastrigin.
-    dim: D, the genome length (240 = the default ESSA genome, 1920 = alpha 1; likelihood: the genome's D).
+    dim: D, the genome length; null (the default) = the D essa train searches with ``strategy.genome``
+      (minibatch: 240 per searched singular value, 240 at alpha 0.125, 1920 at alpha 1; likelihood: the
+      codec's; engine/lab/genome.py). Another D is searched as asked, with a warning naming both.
     prompts: N problems per generation (minibatch). seed: the landscape's own seed: its problems, warm
       start and optimum (the run seed moves only the strategy and the minibatches, as in essa train).
     options: minibatch: knobs of the simulator (MinibatchParams fields, e.g. +landscape.options.chaos=0.4);
@@ -27,7 +30,7 @@ class LandscapeConfig:
     """
 
     name: str = "minibatch"
-    dim: int = 240
+    dim: Optional[int] = None
     prompts: int = 64
     seed: int = 5
     options: Dict[str, Any] = field(default_factory=dict)
@@ -37,7 +40,8 @@ class LandscapeConfig:
 class LabConfig:
     """``essa lab``: strategy settings on a landscape, G generations, several seeds, one process.
 
-    strategy: the ``strategy`` group (conf/strategy/*.yaml; ``genome`` is unused: the landscape sets D).
+    strategy: the ``strategy`` group (conf/strategy/*.yaml); its ``genome`` sets the D each setting searches,
+      the run's (engine/lab/genome.py), unless ``landscape.dim`` is set.
     generations: G. seed / n_seeds: the run seeds are seed * n_seeds ... seed * n_seeds + n_seeds - 1
       (so the jobs of ``-m seed=0,1`` get disjoint blocks), unless ``seeds`` lists them.
     aggregate: rewards (P, N, 1) -> fitness: mean (ESSA) or question_z (EGGROLL's per-problem z-scores).
@@ -106,7 +110,7 @@ def validate(cfg) -> None:
     land = cfg.landscape
     if land.name not in LANDSCAPE_NAMES:
         raise ConfigError(f"landscape.name={land.name!r} is not a landscape; use one of: {', '.join(LANDSCAPE_NAMES)}")
-    if land.dim < 1:
+    if land.dim is not None and land.dim < 1:
         raise ConfigError(f"landscape.dim={land.dim}: must be >= 1 (the genome length D), e.g. landscape.dim=240")
     if land.prompts < 1:
         raise ConfigError(f"landscape.prompts={land.prompts}: must be >= 1 (problems per generation), "
@@ -139,3 +143,55 @@ def check_rollout(cfg) -> None:
     if cfg.budget_evaluations is not None and cfg.budget_evaluations < first:
         raise ConfigError(f"budget_evaluations={cfg.budget_evaluations}: below one generation's P N = {first}; "
                           f"raise it (e.g. budget_evaluations={10 * first}: 10 generations) or drop it")
+
+
+def check_setting(cfg, choice: str | None):
+    """Everything a setting can be refused for before a landscape is built, as ``essa train`` refuses it: the
+    config, a strategy picked by ``strategy.name=`` over another option's options (``choice``: the
+    ``strategy`` group option it was composed with), the class and its options, the genome the landscape
+    cannot search. Returns ``(strategy class, landscape options dict, LabGenome)``.
+
+    Raises:
+        ConfigError / ValueError: one line naming the field and the fix.
+    """
+    from omegaconf import OmegaConf
+
+    from engine.lab.genome import lab_genome
+    from engine.search import check_strategy_options, strategy_class
+    from engine.search.plugins import check_strategy_choice
+
+    validate(cfg)
+    s, land = cfg.strategy, cfg.landscape
+    check_strategy_choice(s, int(cfg.seed), choice)
+    cls = strategy_class(s)
+    check_strategy_options(cls, s, int(cfg.seed))
+    options = OmegaConf.to_container(land.options, resolve=True) if OmegaConf.is_config(land.options) \
+        else dict(land.options)
+    return cls, options, lab_genome(land, s.genome, options)
+
+
+def preview(cfg, choice: str | None) -> None:
+    """``essa lab --cfg job``'s checks (engine/cli/preview.py): :func:`check_setting` on the base setting, then the
+    line the run logs: the strategy, the genome essa train would search and the D the lab searches (the
+    warning where they differ).
+
+    Raises:
+        ConfigError / ValueError: the run's own one-line refusal.
+    """
+    import logging
+
+    cls, _, genome = check_setting(cfg, choice)
+    log = logging.getLogger("essa.lab")
+    if genome.note:
+        log.warning(genome.note)
+    log.info(setting_line(cfg, cls, genome, genome.dim))
+
+
+def setting_line(cfg, cls, genome, dim: int | None) -> str:
+    """The line a lab setting logs at start: its strategy, the genome essa train would search with it (the
+    ``LabGenome`` ``genome``) and the D the landscape searches (``dim``; None: the likelihood codec's)."""
+    from engine.search import genome_text, strategy_text
+
+    where = "the codec's D" if dim is None else f"D {dim}"
+    return (f"{strategy_text(cfg.strategy, cls)}; {genome_text(cfg.strategy.genome, genome.run_dim or dim)} "
+            f"({genome.model}); {cfg.landscape.name} landscape at {where}")

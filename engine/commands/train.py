@@ -205,17 +205,19 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def fail_fast(run: TrainRun):
     """Everything that can be refused before the warm start: the strategy class and its options, the
-    model path, the dtypes, the quantized copy vLLM serves. Returns the strategy class."""
+    model path, the dtypes, the quantized copy vLLM serves; logs the strategy and the genome it will
+    search, with D (:func:`engine.search.search_line`). Returns the strategy class."""
     from engine.backends import require_vllm
     from engine.hardware import resolve_dtype
-    from engine.model import resolve_model_path, serving_model_path
-    from engine.search import check_strategy_options, strategy_class
+    from engine.model import local_model_config, resolve_model_path, serving_model_path
+    from engine.search import check_strategy_options, search_line, strategy_class
 
     require_vllm()  # before the warm start: one line naming the extras
     cfg = run.cfg
     strategy_cls = strategy_class(cfg.strategy)
     check_strategy_options(strategy_cls, cfg.strategy, cfg.seed)
     run.model_path = resolve_model_path(cfg.model.path)
+    log.info(search_line(cfg.strategy, strategy_cls, cfg.lora, local_model_config(run.model_path)))
     run.dtype = resolve_dtype(cfg.model.dtype)  # vLLM's; logs one line
     # vLLM serves the population on this checkpoint: the float model, or its quantized copy
     # (model.quantization, built once and checked here); SFT and adapters stay float

@@ -182,3 +182,25 @@ def validate(cfg) -> None:
     if cfg.rollout.fitness == "likelihood" and cfg.engine.backend == "ray":
         raise ConfigError("rollout.fitness=likelihood runs on the local engine only (the Ray actors score rollouts); "
                           "set engine=local or rollout.fitness=reward")
+
+
+def preview(cfg, choice: str | None) -> None:
+    """``essa train --cfg job``'s checks (engine/cli/preview.py): :func:`validate`, then the strategy as the run
+    resolves it before the warm start (a ``strategy.name=`` over another option's options, the class, which
+    imports the plugin, and its options), and the line the run logs: the strategy and the genome, with D when
+    the model is on this machine already (nothing is converted or downloaded).
+
+    Raises:
+        ConfigError / ValueError: the run's own one-line refusal (e.g. a plugin whose import fails).
+    """
+    import logging
+
+    from engine.model import local_model_config
+    from engine.search import check_strategy_options, search_line, strategy_class
+    from engine.search.plugins import check_strategy_choice
+
+    validate(cfg)
+    check_strategy_choice(cfg.strategy, cfg.seed, choice)
+    cls = strategy_class(cfg.strategy)
+    check_strategy_options(cls, cfg.strategy, cfg.seed)
+    logging.getLogger("essa").info(search_line(cfg.strategy, cls, cfg.lora, local_model_config(cfg.model.path)))

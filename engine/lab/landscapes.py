@@ -439,7 +439,7 @@ LoRA, warm start and engine (conf/train.yaml's groups); held-out answer length; 
 its true fitness."""
 
 
-def _likelihood(dim: int, seed: int = 0, prompts: int = 64, options: dict | None = None,
+def _likelihood(dim: int | None, seed: int = 0, prompts: int = 64, options: dict | None = None,
                 context: dict | None = None) -> Landscape:
     """The real-model landscape (engine/lab/likelihood.py). ``context``: ``{"groups": essa train's model,
     task, lora, sft, engine and reward groups, "genome": the strategy.genome group, "adapters": P + 1}``,
@@ -484,12 +484,12 @@ def landscape_names() -> list[str]:
     return sorted(LANDSCAPES)
 
 
-def make_landscape(name: str, dim: int, seed: int = 0, prompts: int = 64, options: dict | None = None,
+def make_landscape(name: str, dim: int | None, seed: int = 0, prompts: int = 64, options: dict | None = None,
                    context: dict | None = None) -> Landscape:
     """Build a registered landscape.
 
     Args:
-        name: a key of :data:`LANDSCAPES`. dim: D >= 1. seed: the landscape's own seed (problems,
+        name: a key of :data:`LANDSCAPES`. dim: D >= 1 (likelihood: None = the genome codec's D). seed: the landscape's own seed (problems,
             warm start, optimum). prompts: N per generation (minibatch, likelihood). options: knobs
             (minibatch: :class:`MinibatchParams` fields; likelihood: :data:`LIKELIHOOD_OPTIONS`).
             context: what a real-model landscape needs beyond them (:func:`_likelihood`).
@@ -500,7 +500,9 @@ def make_landscape(name: str, dim: int, seed: int = 0, prompts: int = 64, option
     """
     if name not in LANDSCAPES:
         raise ValueError(f"landscape.name={name!r} is not a landscape; use one of: {', '.join(landscape_names())}")
-    if not isinstance(dim, (int, np.integer)) or dim < 1:
+    if dim is None and name == "likelihood":  # the codec's D (engine/lab/likelihood.py)
+        pass
+    elif not isinstance(dim, (int, np.integer)) or dim < 1:
         raise ValueError(f"landscape.dim={dim!r}: must be an integer >= 1 (the genome length D, e.g. 240)")
     if prompts < 1:
         raise ValueError(f"landscape.prompts={prompts!r}: must be >= 1 (problems per generation, e.g. 64)")

@@ -100,14 +100,14 @@ class LikelihoodLandscape(Landscape):
         self.ev.close()
 
 
-def build_likelihood(groups: dict, genome, dim: int, prompts: int, seed: int = 0, adapters: int = 17,
+def build_likelihood(groups: dict, genome, dim: int | None, prompts: int, seed: int = 0, adapters: int = 17,
                      max_tokens: int = 96, true_problems: int = 64) -> LikelihoodLandscape:
     """Start the real-model landscape from essa train's config groups.
 
     Args:
         groups: ``{"model", "task", "lora", "sft", "engine", "reward"}`` groups of a composed train config
             (conf/train.yaml). genome: the ``strategy.genome`` group. dim: ``landscape.dim``, which must be
-            the genome's D. prompts: N. seed: the engine's. adapters: adapters per engine call (P + 1).
+            the genome's D; None = the genome's D. prompts: N. seed: the engine's. adapters: adapters per engine call (P + 1).
         max_tokens, true_problems: see :class:`LikelihoodLandscape`.
 
     Returns:
@@ -134,9 +134,9 @@ def build_likelihood(groups: dict, genome, dim: int, prompts: int, seed: int = 0
     sft_dtype, _ = resolve_dtype(model.dtype, purpose="training", log_choice=False)
     sft_dir = warm_start(model_path, task.train, groups["sft"], lora, task_cfg.system_prompt, dtype=sft_dtype)
     codec = make_genome(genome.kind, read_adapter(sft_dir)[0], **genome_kwargs(genome))
-    if codec.dim != dim:
+    if dim is not None and codec.dim != dim:
         raise ValueError(f"landscape.dim={dim}, but the genome (strategy.genome, lora.rank) has D {codec.dim}; "
-                         f"set landscape.dim={codec.dim}")
+                         f"drop landscape.dim (null: the genome's D)")
     dtype = resolve_dtype(model.dtype)[0]
     meta = AdapterMeta(lora.rank, lora.alpha, tuple(lora.target_modules), model_path)
     evaluator = build_evaluator(groups["engine"], model, serving_model_path(model_path, model.quantization, dtype),

@@ -29,12 +29,12 @@ def _row(k: int, s: dict, oracle: dict | None, width: int) -> str:
     fmt = "+.3f" if s["gain"] is not None else "+.4g"
     vs = "(reference)" if k == 0 else _ci((s["vs_reference"] or {}).get("score"), fmt)
     if s["gain"] is None:  # no held-out set: the final true fitness
-        return f"{s['label'][:width]:<{width}} {_ci(s['true_final'], '.4g'):>34}  {vs:>32}"
+        return f"{s['label']:<{width}} {_ci(s['true_final'], '.4g'):>34}  {vs:>32}"
     final = np.mean([e["held_out_final"] for e in s["per_seed"]])
     ps = " ".join(f"{e['paired']['p_value']:.2g}" for e in s["per_seed"])
     orc = _f(oracle["gain"]) if oracle else "-"
     evals = s["evaluations"]["mean"] / 1000
-    return (f"{s['label'][:width]:<{width}} {final:>8.3f}  {_ci(s['gain']):>26}  {vs:>26}  {orc:>7}  "
+    return (f"{s['label']:<{width}} {final:>8.3f}  {_ci(s['gain']):>26}  {vs:>26}  {orc:>7}  "
             f"{evals:>6.1f}k  {s['wins']:>2}/{len(s['per_seed']):<2}  {ps}")
 
 
@@ -44,7 +44,7 @@ def format_table(summary: dict) -> str:
     with a significant gain and each seed's McNemar p (landscapes without a held-out set: the final true
     fitness instead)."""
     first, seeds = summary["settings"][0], summary["seeds"]
-    width = min(40, max(12, *(len(s["label"]) for s in summary["settings"])))
+    width = max(12, *(len(s["label"]) for s in summary["settings"]))  # whole labels: a cut one misreads (0.1 -> 0.)
     head = (f"\nstrategy lab: {first['landscape']} landscape, {first['generations']} generations x {len(seeds)} seeds "
             f"({', '.join(map(str, seeds))}), {summary['wall_s']:.1f} s")
     if first["gain"] is None:

@@ -83,6 +83,8 @@ class Setting:
         rollout: the dense reward and adaptive prompts (:class:`Rollout`; None = off, N = landscape.prompts).
         budget_evaluations: stop a seed before a generation that would take its candidate x problem
         evaluations past this (None = run all G).
+        genome: the genome it searches against the one essa train would (engine/lab/genome.py
+        ``LabGenome.summary``: kind, alpha, mode, run_dim, dim, model, as_run, note); None = not known.
     """
 
     label: str
@@ -98,6 +100,7 @@ class Setting:
     mean_decay: float = 0.0
     rollout: Rollout | None = None
     budget_evaluations: int | None = None
+    genome: dict | None = None
 
     def rollout_or_default(self) -> Rollout:
         """:attr:`rollout`, or essa train's defaults (dense off, fixed N) at the landscape's N."""

@@ -93,7 +93,7 @@ def setting_summary(s: Setting, results: list[SeedResult], seeds: list[int], ora
     out = {"label": s.label, "strategy": s.strategy, "overrides": s.overrides, "population_size": s.population_size,
            "sigma0": s.sigma0, "options": s.options, "aggregate": s.aggregate, "landscape": s.landscape.name,
            "true_fitness_name": s.landscape.true_fitness_name,
-           "dim": s.landscape.dim, "prompts": s.landscape.prompts, "generations": s.generations,
+           "dim": s.landscape.dim, "genome": s.genome, "prompts": s.landscape.prompts, "generations": s.generations,
            "rollout": asdict(s.rollout_or_default()), "mean_decay": s.mean_decay,
            "budget_evaluations": s.budget_evaluations,
            "evaluations": t_interval([e["evaluations"] for e in per_seed]),

@@ -6,6 +6,8 @@ come from ``strategies`` (built-ins, ``essa.strategies`` entry points, dotted pa
 """
 from __future__ import annotations
 
+import math
+
 from engine.config import ConfigError
 
 
@@ -30,23 +32,140 @@ def strategy_options(s) -> dict:
 
 
 def check_strategy_options(strategy_cls, s, seed: int) -> None:
-    """Build the strategy once on a 2-dimensional problem so bad ``strategy.options`` fail before the
-    SFT warm start (the real strategy needs the genome's dimension, known only after it).
+    """Build the strategy once on a 2-dimensional problem so bad ``strategy.options``,
+    ``strategy.population_size`` or ``strategy.sigma0`` fail before the SFT warm start (the real strategy
+    needs the genome's dimension, known only after it).
 
     Raises:
-        ConfigError: the class rejects the options (one line naming ``strategy.options``).
+        ConfigError: one line naming the field the class rejects: an option it has no parameter for (with
+            the options it takes), ``strategy.population_size`` / ``strategy.sigma0`` when its message
+            names them, else ``strategy.options``.
     """
     options = strategy_options(s)
     try:
         strategy_cls(dim=2, x0=None, seed=seed, population_size=s.population_size, sigma0=s.sigma0, **options)
     except (TypeError, ValueError) as e:
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"strategy.options={options}: {strategy_cls.__name__} rejects them ({msg})") from None
+        raise ConfigError(_rejection_line(strategy_cls, s, options, e)) from None
+
+
+def _rejection_line(cls, s, options: dict, e: BaseException) -> str:
+    """One line for a strategy class that refused its arguments: the field it refused and the fix."""
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    name = cls.__name__
+    takes = class_options(cls)
+    unknown = [k for k in options if k not in takes]
+    if unknown and ("unexpected keyword" in msg or "unknown option" in msg):  # the Strategy base class's refusal
+        import difflib
+
+        near = {k: difflib.get_close_matches(k, takes, n=1, cutoff=0.5) for k in unknown}
+        fix = " ".join(f"+strategy.options.{near[k][0]}={options[k]} in place of strategy.options.{k}?" if near[k]
+                       else f"drop it: ~strategy.options.{k}" for k in unknown)
+        return (f"{', '.join(f'strategy.options.{k}' for k in unknown)}: {name} takes no such option (its options: "
+                f"{', '.join(takes) or 'none'}); {'did you mean ' if any(near.values()) else ''}{fix}")
+    if "population_size" in msg:
+        near = _nearest_population_size(cls, s, options)
+        fix = f"e.g. strategy.population_size={near}" if near else "set strategy.population_size to a size it takes"
+        return f"strategy.population_size={s.population_size}: {name} rejects it ({msg}); {fix}"
+    if "sigma0" in msg:
+        return f"strategy.sigma0={s.sigma0}: {name} rejects it ({msg}); set strategy.sigma0 to a value it takes"
+    return f"strategy.options={options}: {name} rejects them ({msg})"
+
+
+def _nearest_population_size(cls, s, options: dict) -> int | None:
+    """The population size nearest ``strategy.population_size`` (within 8, larger first) that ``cls``
+    accepts with the other arguments unchanged, or None."""
+    p = int(s.population_size)
+    for size in (q for d in range(1, 9) for q in (p + d, p - d) if q >= 2):
+        try:
+            cls(dim=2, x0=None, seed=0, population_size=size, sigma0=s.sigma0, **options)
+            return size
+        except (TypeError, ValueError):
+            continue
+    return None
+
+
+def class_options(cls) -> list[str]:
+    """The keyword arguments a strategy class takes beyond the Strategy contract's (dim, x0, seed,
+    population_size, sigma0): what ``strategy.options`` may set. Each ``__init__`` up the class's MRO
+    adds its own, as long as it passes the rest on with ``**options`` (strategies/base.py: the base
+    class refuses what is left over)."""
+    import inspect
+
+    from strategies import Strategy
+
+    fixed, names = ("self", "dim", "x0", "seed", "population_size", "sigma0"), []
+    for klass in cls.__mro__:
+        if klass is Strategy or not issubclass(klass, Strategy):
+            break
+        if "__init__" not in vars(klass):
+            continue
+        try:
+            params = inspect.signature(klass.__init__).parameters.values()
+        except (TypeError, ValueError):
+            break
+        names += [p.name for p in params if p.name not in fixed and p.name not in names
+                  and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            break
+    return names
 
 
 def genome_kwargs(genome) -> dict:
     """Keyword arguments of ``strategies.genomes.make_genome`` from the ``strategy.genome`` group."""
     return {"alpha": genome.alpha, "mode": genome.mode} if genome.kind == "svd_lora" else {}
+
+
+def genome_dim(genome, rank: int, shapes: list[tuple[int, int]]) -> int:
+    """D of the ``strategy.genome`` codec over a rank-``rank`` LoRA of the modules ``shapes``.
+
+    Args:
+        genome: the ``strategy.genome`` group (kind, alpha). rank: ``lora.rank``.
+        shapes: (in, out) features of every adapted projection, one per (layer, module)
+            (``engine.model.attention_shapes``).
+
+    Returns:
+        svd_lora: modules x 2 factors x floor(alpha r) (strategies.genomes.SVDLoRAGenome);
+        lora: sum of r (in + out) (strategies.genomes.LoRAGenome).
+    """
+    if genome.kind == "lora":
+        return sum(rank * (i + o) for i, o in shapes)
+    return len(shapes) * 2 * math.floor(genome.alpha * rank + 1e-9)  # strategies.genomes.searched_singular_values
+
+
+def genome_text(genome, dim: int | None = None, rank: int | None = None, layers: int | None = None,
+                modules: int | None = None) -> str:
+    """The resolved ``strategy.genome`` in words and, where known, its D and how it is made up, e.g.
+    ``genome svd_lora (alpha 0.5, mode relative): D 960 = 30 layers x 4 modules x 2 factors x 4 singular
+    values (lora.rank 8)``."""
+    what = (f"genome svd_lora (alpha {genome.alpha:g}, mode {genome.mode})" if genome.kind == "svd_lora"
+            else f"genome {genome.kind} (every LoRA entry)")
+    if dim is None:
+        return what
+    if genome.kind == "svd_lora" and rank and layers and modules:
+        k = math.floor(genome.alpha * rank + 1e-9)
+        return (f"{what}: D {dim} = {layers} layers x {modules} modules x 2 factors x {k} singular values "
+                f"(lora.rank {rank})")
+    return f"{what}: D {dim}"
+
+
+def strategy_text(s, cls) -> str:
+    """``strategy random_search (essa_plugin_example.RandomSearch): P 8, sigma0 0.05, options {}``."""
+    return (f"strategy {s._target_ or s.name} ({cls.__module__}.{cls.__qualname__}): P {s.population_size}, "
+            f"sigma0 {s.sigma0:g}, options {strategy_options(s)}")
+
+
+def search_line(s, cls, lora, model_config: dict | None = None) -> str:
+    """The one line a run logs at start: the strategy (:func:`strategy_text`) and the genome it searches
+    (:func:`genome_text`), with D when the model's ``config.json`` dict ``model_config`` is given
+    (``engine.model.local_model_config``) and names every ``lora.target_modules`` projection."""
+    from engine.model import attention_shapes
+
+    shapes = attention_shapes(model_config, lora.target_modules) if model_config else None
+    if not shapes:
+        return f"{strategy_text(s, cls)}; {genome_text(s.genome)}"
+    dim = genome_dim(s.genome, lora.rank, shapes)
+    layers = int(model_config["num_hidden_layers"])
+    return f"{strategy_text(s, cls)}; {genome_text(s.genome, dim, lora.rank, layers, len(lora.target_modules))}"
 
 
 def method_name(s) -> str:

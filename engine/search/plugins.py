@@ -6,7 +6,12 @@ ConfigStore before the config is composed, so ``essa train strategy=random_searc
 plugin with its own population size, step size, options and genome instead of the options left
 over from the default ``strategy: essa``. The option's values come from the class attribute
 ``config`` (a dict of :class:`engine.config.StrategyConfig` fields: ``population_size``,
-``sigma0``, ``options``, ``genome``); fields it leaves out keep the schema defaults.
+``sigma0``, ``options``, ``genome``). One rule for the fields it leaves out, whatever command composes
+the option (train, lab, ``--cfg job``): they come from the product's default strategy,
+conf/strategy/essa.yaml (:data:`DEFAULT_STRATEGY`: P 16, sigma0 0.3, genome svd_lora alpha 0.125 mode
+relative), key by key inside ``genome``; ``options`` are the class's own keyword arguments, so left out
+they are ``{}``. A plugin that sets ``genome: {alpha: 0.5}`` thus searches the relative genome of
+alpha 0.5 (D 960 at rank 8), not the schema's additive one.
 
 Selecting a strategy by ``strategy.name=`` or ``strategy._target_=`` keeps the group option's
 options; when the class rejects them, :func:`check_strategy_choice` names the override that fixes it.
@@ -22,6 +27,8 @@ from engine.search import strategy_class, strategy_options
 log = logging.getLogger("essa")
 
 CONF_STRATEGY_DIR = CONF_DIR / "strategy"
+DEFAULT_STRATEGY = "essa"
+"""The ``strategy=`` option whose config fills the fields a plugin's ``config`` leaves out (but ``options``)."""
 STRATEGY_FIELDS = ("population_size", "sigma0", "options", "genome")
 _WARNED: set[str] = set()  # "name=value" of plugins whose bad `config` was warned about (train and lab both register)
 
@@ -31,8 +38,9 @@ def register_strategy_configs() -> list[str]:
     has no YAML file in conf/strategy/ (built-ins keep theirs).
 
     Returns:
-        The names registered. A plugin whose module does not import still gets a name-only entry
-        (its import error then surfaces, with the fix, when it is selected); a ``config`` attribute
+        The names registered. Each entry is :func:`plugin_node` (the plugin's ``config`` over the default
+        strategy's). A plugin whose module does not import still gets an entry (its import error then
+        surfaces, with the fix, when it is selected: by the run, or ``--cfg job``); a ``config`` attribute
         that is not a dict of StrategyConfig fields is skipped with a warning naming the plugin.
     """
     from hydra.core.config_store import ConfigStore
@@ -44,9 +52,27 @@ def register_strategy_configs() -> list[str]:
     for ep in plugin_entry_points():
         if (CONF_STRATEGY_DIR / f"{ep.name}.yaml").is_file():
             continue
-        cs.store(group="strategy", name=ep.name, node={"name": ep.name, **_plugin_config(ep)}, provider=f"essa.strategies:{ep.value}")
+        try:
+            node = plugin_node(ep.name, _plugin_config(ep))
+        except Exception as e:  # noqa: BLE001 - omegaconf's merge errors (a genome that is not a dict ...)
+            log.warning("strategy plugin %s: `config` does not merge over strategy=%s's (%s); registered with "
+                        "strategy=%s's fields", ep.name, DEFAULT_STRATEGY, e, DEFAULT_STRATEGY)
+            node = plugin_node(ep.name, {})
+        cs.store(group="strategy", name=ep.name, node=node, provider=f"essa.strategies:{ep.value}")
         names.append(ep.name)
     return names
+
+
+def plugin_node(name: str, config: dict) -> dict:
+    """The ``strategy=<name>`` group option of a plugin whose class sets ``config``: conf/strategy/essa.yaml
+    (:data:`DEFAULT_STRATEGY`) with ``config`` merged over it (``genome`` key by key) and ``options`` only
+    from ``config`` (module docstring)."""
+    from omegaconf import OmegaConf
+
+    default = OmegaConf.load(CONF_STRATEGY_DIR / f"{DEFAULT_STRATEGY}.yaml")
+    default.options = {}
+    merged = OmegaConf.merge(default, config, {"name": name})
+    return OmegaConf.to_container(merged, resolve=True)
 
 
 def _plugin_config(ep) -> dict:
@@ -62,7 +88,8 @@ def _plugin_config(ep) -> dict:
     if f"{ep.name}={ep.value}" not in _WARNED:
         _WARNED.add(f"{ep.name}={ep.value}")
         log.warning("strategy plugin %s: `config` must be a dict with keys among %s; got %r; registered "
-                    "with the schema defaults", ep.name, ", ".join(STRATEGY_FIELDS), extra)
+                    "with the defaults of strategy=%s", ep.name, ", ".join(STRATEGY_FIELDS), extra,
+                    DEFAULT_STRATEGY)
     return {}
 
 

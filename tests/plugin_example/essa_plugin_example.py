@@ -27,7 +27,8 @@ class RandomSearch(Strategy):
     Its only randomness is ``self.rng``, so it resumes exactly; NaN fitness never becomes the best.
     """
 
-    # The `strategy=random_search` config group option (fields of engine.config.StrategyConfig).
+    # The `strategy=random_search` config group option (fields of engine.config.StrategyConfig); the fields
+    # it leaves out (genome.mode) are strategy=essa's: the relative genome of alpha 0.5, D 960 at rank 8.
     config: ClassVar[dict] = {"population_size": 8, "sigma0": 0.05, "options": {},
                               "genome": {"kind": "svd_lora", "alpha": 0.5}}
 
