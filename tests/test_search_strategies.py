@@ -187,3 +187,29 @@ def test_bad_options_are_one_line_naming_the_field(name, options, field):
     with pytest.raises(ValueError) as e:
         build(REGISTRY[name], **options)
     assert field in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+# --- the lab reports the oracle share and the cosine ------------------------------------------------
+
+
+def test_lab_summary_reports_the_oracle_share_and_cosine():
+    """Each seed's share is its held-out gain over the oracle's; the table prints share and cos."""
+    from engine.lab.landscapes import MinibatchLandscape
+    from engine.lab.output import format_table
+    from engine.lab.runner import Setting, run_settings
+    from engine.lab.summary import summarise
+
+    land = MinibatchLandscape(240, seed=5, prompts=16)
+    settings = [Setting(name, name, REGISTRY[name], 8, 0.3, {}, land, 2) for name in ("essa", "scale_baseline")]
+    seeds = [0, 1]
+    results, wall = run_settings(settings, seeds, progress=False)
+    oracle = land.oracle()
+    summary = summarise(settings, results, seeds, [oracle, oracle], wall)
+    for s in summary["settings"]:
+        shares = [e["oracle_share"] for e in s["per_seed"]]
+        assert shares == pytest.approx([e["paired"]["diff"] / oracle["gain"] for e in s["per_seed"]])
+        assert s["oracle_share"]["mean"] == pytest.approx(np.mean(shares))
+        assert -1 <= s["cos_oracle"]["mean"] <= 1
+    table = format_table(summary)
+    assert "share" in table and "cos" in table
+    assert f"{summary['settings'][1]['oracle_share']['mean']:+.2f}" in table.splitlines()[-1]
