@@ -11,7 +11,12 @@ Built-ins: ``cma_es`` (pycma CMA-ES, full covariance up to D = 2000), ``essa`` (
 class: ESSA, arXiv 2507.04453, is CMA-ES over the SVD-LoRA genome, which is chosen by
 ``strategy.genome.kind``), ``sep_cma`` (separable/diagonal CMA-ES), ``lra_cma`` (CMA-ES with
 learning-rate adaptation, arXiv 2304.03473, through ``cmaes``; D <= 2000), ``openai_es``
-(OpenAI-ES, arXiv 1703.03864: mirrored sampling, centred ranks, fixed sigma, SGD or Adam).
+(OpenAI-ES, arXiv 1703.03864: mirrored sampling, centred ranks, fixed sigma, SGD or Adam),
+``randopt`` (RandOpt-style top-K averaging), ``mezo_gv`` (MeZO-GV-style best-minus-worst direction),
+``guided_cma`` (CMA-ES with a ridge-regression direction injected every generation), ``nevergrad``
+(Nevergrad's ask/tell optimizers, ``strategy.options.optimizer``), and the skeptic's baselines
+``random_baseline`` (random search) and ``scale_baseline`` (a 1-D search over the warm start's scale,
+strategies/baselines.py).
 
 A plugin author checks a strategy against the contract with :mod:`strategies.testing`
 (``check_strategy(MyStrategy)`` in the plugin's own pytest).
@@ -23,9 +28,14 @@ import importlib
 import importlib.metadata
 
 from strategies.base import Strategy, rank_nan_last
+from strategies.baselines import RandomSearch, ScaleSearch
 from strategies.cma_es import CMAES, SepCMAES
+from strategies.guided_cma import GuidedCMAES
 from strategies.lra_cma import LRACMAES
+from strategies.mezo_gv import MeZOGV
+from strategies.nevergrad_bridge import NevergradStrategy
 from strategies.openai_es import OpenAIES
+from strategies.randopt import RandOpt
 
 __all__ = ["REGISTRY", "ENTRY_POINT_GROUP", "Strategy", "get_strategy", "plugin_entry_points", "rank_nan_last"]
 
@@ -37,6 +47,12 @@ REGISTRY: dict[str, type[Strategy]] = {
     "sep_cma": SepCMAES,
     "lra_cma": LRACMAES,
     "openai_es": OpenAIES,
+    "randopt": RandOpt,
+    "mezo_gv": MeZOGV,
+    "guided_cma": GuidedCMAES,
+    "nevergrad": NevergradStrategy,
+    "random_baseline": RandomSearch,
+    "scale_baseline": ScaleSearch,
 }
 
 

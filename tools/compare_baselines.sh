@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Equal-clock comparison of ESSA, GRPO and F-GRPO on one task (issue #7).
+# Equal-clock comparison of ESSA, GRPO and F-GRPO on one task (issue #7), and the skeptic's baselines
+# (issue 39): a 1-D search over the warm start's scale (strategy=scale_baseline) and random search
+# (strategy=random_baseline, the best of as many random genomes at ESSA's sigma).
 #
 #   tools/compare_baselines.sh [BUDGET_S] [shared overrides...]
 #   tools/compare_baselines.sh 600                 # default task (arithmetic), 10 minutes each
@@ -8,8 +10,8 @@
 # Each method gets the same wall-clock budget (seconds), counted from right after the SFT warm start
 # they share (cached: the first method builds it, the others reuse it) and including every
 # validation. Each run stops after the first generation / optimiser step that ends past the
-# budget, then validates and exports its adapter. The three runs go one after another (never in
-# parallel: they would share the cores). Output: $OUT/{essa,grpo,f-grpo} run directories and
+# budget, then validates and exports its adapter. The runs go one after another (never in
+# parallel: they would share the cores). Output: $OUT/{essa,grpo,f-grpo,scale,random} run directories and
 # $OUT/report (validation accuracy against wall-clock seconds, overlaid; report.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,5 +34,7 @@ run essa   "$ESSA" train generations=100000 time_budget_s="$BUDGET" label=ESSA "
 run grpo   "$ESSA" grpo grpo.max_steps=100000 grpo.time_budget_s="$BUDGET" label=GRPO "$@"
 run f-grpo "$ESSA" grpo grpo.max_steps=100000 grpo.time_budget_s="$BUDGET" grpo.focal_gamma="$GAMMA" \
     label="F-GRPO-gamma$GAMMA" "$@"
-"$ESSA" report "$OUT/essa" "$OUT/grpo" "$OUT/f-grpo" --out "$OUT/report"
+run scale  "$ESSA" train generations=100000 time_budget_s="$BUDGET" strategy=scale_baseline label=scale-baseline "$@"
+run random "$ESSA" train generations=100000 time_budget_s="$BUDGET" strategy=random_baseline label=random-baseline "$@"
+"$ESSA" report "$OUT/essa" "$OUT/grpo" "$OUT/f-grpo" "$OUT/scale" "$OUT/random" --out "$OUT/report"
 echo "report: $OUT/report/report.md"

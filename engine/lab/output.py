@@ -33,14 +33,17 @@ def _row(k: int, s: dict, oracle: dict | None, width: int) -> str:
     final = np.mean([e["held_out_final"] for e in s["per_seed"]])
     ps = " ".join(f"{e['paired']['p_value']:.2g}" for e in s["per_seed"])
     orc = _f(oracle["gain"]) if oracle else "-"
+    share = _f((s.get("oracle_share") or {}).get("mean"), "+.2f")
+    cos = _f((s.get("cos_oracle") or {}).get("mean"), "+.2f")
     evals = s["evaluations"]["mean"] / 1000
-    return (f"{s['label']:<{width}} {final:>8.3f}  {_ci(s['gain']):>26}  {vs:>26}  {orc:>7}  "
-            f"{evals:>6.1f}k  {s['wins']:>2}/{len(s['per_seed']):<2}  {ps}")
+    return (f"{s['label']:<{width}} {final:>8.3f}  {_ci(s['gain']):>26}  {vs:>26}  {orc:>7}  {share:>6}  "
+            f"{cos:>6}  {evals:>6.1f}k  {s['wins']:>2}/{len(s['per_seed']):<2}  {ps}")
 
 
 def format_table(summary: dict) -> str:
     """The printed table: per setting the final held-out accuracy (mean over seeds), the gain over genome
-    zero with its 95 % interval, the difference to setting 0 paired by seed, the oracle's gain, the seeds
+    zero with its 95 % interval, the difference to setting 0 paired by seed, the oracle's gain, the share of
+    it captured and the mean genome's cosine with the oracle's genome (means over seeds), the seeds
     with a significant gain and each seed's McNemar p (landscapes without a held-out set: the final true
     fitness instead)."""
     first, seeds = summary["settings"][0], summary["seeds"]
@@ -55,10 +58,11 @@ def format_table(summary: dict) -> str:
         zero = first["per_seed"][0]["held_out_start"]
         lines = [head, f"held-out: genome zero {zero:.3f}; gain = final mean genome minus genome zero on the same "
                        "held-out problems (mean over seeds [95 % t interval]); vs setting 0: the gain difference "
-                       "paired by seed; oracle: the landscape's best by direct optimisation; evals: candidate x problem "
+                       "paired by seed; oracle: the landscape's best by direct optimisation; share: gain / oracle gain and "
+                       "cos: cosine of the mean genome with the oracle's (means over seeds); evals: candidate x problem "
                        "evaluations spent (mean over seeds); p: exact McNemar per seed",
                  f"{'setting':<{width}} {'held-out':>8}  {'gain [95 % CI]':>26}  {'vs setting 0 [95 % CI]':>26}  "
-                 f"{'oracle':>7}  {'evals':>7}  {'p<.05':>5}  McNemar p per seed"]
+                 f"{'oracle':>7}  {'share':>6}  {'cos':>6}  {'evals':>7}  {'p<.05':>5}  McNemar p per seed"]
     lines += [_row(k, s, o, width) for k, (s, o) in enumerate(zip(summary["settings"], summary["oracles"]))]
     return "\n".join(lines)
 

@@ -38,17 +38,20 @@ def _cos(a: np.ndarray, b: np.ndarray) -> float:
 
 def seed_summary(seed: int, res: SeedResult, oracle: dict | None) -> dict:
     """One seed's finals: held-out start/final and the paired test of final against start (None without a
-    held-out set), true fitness start/final, sigma, |mean| and its cosine with the oracle's genome, the
-    generations run and the candidate x problem evaluations they spent (``budget_evaluations`` may stop
+    held-out set), its oracle share (held-out gain / the oracle's held-out gain; None without either or when
+    the oracle gains nothing), true fitness start/final, sigma, |mean| and its cosine with the oracle's genome,
+    the generations run and the candidate x problem evaluations they spent (``budget_evaluations`` may stop
     a seed early; adaptive prompts spend more per generation)."""
     last = res.rows[-1] if res.rows else {"true_fitness": res.true_start, "sigma": float("nan"), "evaluations": 0}
     out = {"seed": seed, "true_start": res.true_start, "true_final": last["true_fitness"], "sigma_final": last["sigma"],
            "mean_norm": float(np.linalg.norm(res.mean)), "cos_oracle": _cos(res.mean, oracle["x"]) if oracle else None,
            "generations_run": len(res.rows), "evaluations": int(last["evaluations"]),
-           "held_out_start": None, "held_out_final": None, "paired": None}
+           "held_out_start": None, "held_out_final": None, "paired": None, "oracle_share": None}
     if res.held_out_final is not None:
         out.update(held_out_start=float(res.held_out_start.mean()), held_out_final=float(res.held_out_final.mean()),
                    paired=paired_comparison(res.held_out_final, res.held_out_start))
+        if oracle and oracle.get("gain"):
+            out["oracle_share"] = out["paired"]["diff"] / oracle["gain"]
     return out
 
 
@@ -99,6 +102,8 @@ def setting_summary(s: Setting, results: list[SeedResult], seeds: list[int], ora
            "evaluations": t_interval([e["evaluations"] for e in per_seed]),
            "mean_norm": t_interval([e["mean_norm"] for e in per_seed]),
            "cos_oracle": t_interval([e["cos_oracle"] for e in per_seed]) if oracle else None,
+           "oracle_share": t_interval([e["oracle_share"] for e in per_seed]) if per_seed[0]["oracle_share"] is not None
+           else None,
            "per_seed": per_seed, "true_final": t_interval([e["true_final"] for e in per_seed]),
            "gain": t_interval([e["paired"]["diff"] for e in per_seed]) if has_held_out else None,
            "wins": sum(_won(e["paired"]) for e in per_seed) if has_held_out else None,
