@@ -203,6 +203,32 @@ def test_interrupt_keeps_the_last_generations_checkpoint(fake_run, engine_dies, 
     assert ev.closed
 
 
+@pytest.mark.parametrize("ending", ["finished", "failed", "ctrl-c"])
+def test_mlflow_shows_how_essa_train_ended(fake_run, monkeypatch, ending):
+    """A run that raises after the tracker started is FAILED in MLflow, one stopped by Ctrl-C KILLED (real
+    MLflow client, file store in the run directory)."""
+    import mlflow
+    from omegaconf import OmegaConf
+
+    from engine.commands.train import run_train
+
+    build, run_dir = fake_run
+    cfg, made = build(interrupt_at=1 if ending == "ctrl-c" else -1)
+    cfg = OmegaConf.merge(cfg, {"logger": {"name": "mlflow"}, "report": False})
+    if ending == "failed":
+        monkeypatch.setattr(FakeEvaluator, "score", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("scoring broke")))
+    with interrupts.handling():
+        if ending == "finished":
+            run_train(cfg, run_dir)
+        else:
+            with pytest.raises(KeyboardInterrupt if ending == "ctrl-c" else RuntimeError):
+                run_train(cfg, run_dir)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file:{run_dir / 'mlruns'}")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    runs = mlflow.search_runs(experiment_names=["essa"], output_format="list")
+    assert [r.info.status for r in runs] == [{"finished": "FINISHED", "failed": "FAILED", "ctrl-c": "KILLED"}[ending]]
+
+
 def test_interrupt_before_the_first_generation_finished_has_nothing_to_resume(fake_run, capsys):
     from engine.commands.train import run_train
 

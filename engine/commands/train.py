@@ -31,6 +31,7 @@ from engine.commands.train_config import validate
 from engine.commands.train_schedule import (condition_price_s, deadline_allows, fits_deadline, generation_sampling,
                                             periodic_validation_due, periodic_validation_fits, sampled_pass_s)
 from engine.results.run_files import MetricsLog, ValidationLog, final_summary, run_metadata, truncate_run_logs
+from engine.results.trackers import end_status
 from engine.search.budget import next_prompts
 from engine.tasks import Task, minibatch
 
@@ -119,9 +120,11 @@ def run_train(cfg, run_dir: str | Path) -> dict:
             generation); one line on stderr says how to resume, or that nothing can be resumed.
     """
     progress = _Progress()
+    ended: BaseException | None = None
     try:
         return _run_train(cfg, run_dir, progress)
     except BaseException as exc:
+        ended = exc
         if is_no_space(exc) and progress.run_dir is not None:
             _close_evaluator(progress)
             raise io.NoSpaceError(f"no space left on the device while writing (under {progress.run_dir} or engine.adapter_dir): "
@@ -134,8 +137,8 @@ def run_train(cfg, run_dir: str | Path) -> dict:
             raise
         raise KeyboardInterrupt(f"interrupted ({type(exc).__name__} after Ctrl-C)") from exc
     finally:
-        if progress.tracker is not None:
-            progress.tracker.close()
+        if progress.tracker is not None:  # FAILED / KILLED in the tracker (a finished run closed it already)
+            progress.tracker.close(*end_status(ended))
 
 
 def _close_evaluator(progress: _Progress) -> None:
