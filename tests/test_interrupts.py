@@ -321,6 +321,33 @@ def test_a_version_1_checkpoint_resumes_exactly(fake_run):
     assert isinstance(ckpt["run_state"], dict)  # plain data now: no class path to move
 
 
+def test_tied_generations_leave_the_mean_where_it_is(fake_run, monkeypatch):
+    """Fitness 0 for every candidate in every generation (issue 40: the lra_cma mean reached norm 3.78 in three
+    such generations): the mean stays at genome zero, strategy.mean_decay does not move it either, and the
+    metrics say all_tied."""
+    from omegaconf import OmegaConf
+
+    from engine import io
+    from engine.commands.train import run_train
+
+    real = FakeEvaluator.evaluate
+
+    def all_zero(self, genomes, *args, **kwargs):
+        result = real(self, genomes, *args, **kwargs)
+        result.fitness[:] = 0.0
+        return result
+
+    monkeypatch.setattr(FakeEvaluator, "evaluate", all_zero)
+    build, run_dir = fake_run
+    cfg, _ = build(interrupt_at=-1)
+    cfg = OmegaConf.merge(cfg, {"strategy": {"name": "lra_cma", "mean_decay": 0.3}, "report": False})
+    cfg.strategy.options = {}  # a merge keeps cma_es's options
+    run_train(cfg, run_dir)
+    rows = io.read_rows(run_dir / "metrics.parquet")
+    assert [(r["all_tied"], r["mean_norm"]) for r in rows] == [(True, 0.0)] * 3
+    assert len({r["sigma"] for r in rows}) == 1
+
+
 def test_mean_decay_and_adaptive_prompts_resume_exactly(fake_run, monkeypatch, tmp_path):
     """strategy.mean_decay and rollout.adaptive_prompts: a run interrupted after generation 0 and resumed
     logs the same generations as an uninterrupted one (N per generation, the decayed mean's norm, fitness)."""

@@ -482,7 +482,8 @@ def generation(run: TrainRun, g: int):
     elif np.isfinite(fit).any():
         r = cfg.rollout
         strategy.tell(genomes, shaped_fitness(result, P, r.aggregate, r.dense, r.dense_weight))
-        strategy.shrink_mean(1.0 - cfg.strategy.mean_decay)
+        if not strategy.tied:  # a fully tied generation leaves the mean where it is (strategies/base.py)
+            strategy.shrink_mean(1.0 - cfg.strategy.mean_decay)
         _keep_best(run.state, genomes, fit, g)
     else:  # nothing scorable: an update would be meaningless; the next ask re-samples
         log.warning("gen %d: no candidate could be scored (all fitness NaN); strategy not updated", g)
@@ -503,9 +504,11 @@ def generation(run: TrainRun, g: int):
 
 def search_row(run: TrainRun, n_prompts: int) -> dict:
     """Where the search stands after a generation: N, the mean genome's distance from genome zero
-    (``mean_norm``, the drift), its cosine with ``oracle_genome`` when one is given."""
+    (``mean_norm``, the drift), whether the tell was fully tied and so moved nothing (``all_tied``), the
+    mean's cosine with ``oracle_genome`` when one is given."""
     mean = run.strategy.checked_mean()
-    row = {"prompts": n_prompts, "mean_norm": float(np.linalg.norm(mean - run.strategy.x0))}
+    row = {"prompts": n_prompts, "mean_norm": float(np.linalg.norm(mean - run.strategy.x0)),
+           "all_tied": bool(run.strategy.tied)}
     if run.oracle is not None:
         denom = np.linalg.norm(mean) * np.linalg.norm(run.oracle)
         row["mean_cos_oracle"] = float(mean @ run.oracle / denom) if denom > 0 else float("nan")
