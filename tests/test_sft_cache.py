@@ -121,6 +121,7 @@ sft._train(resolve_model_path("embedded:smollm2-135m-instruct"), problems, cfg, 
 """
 
 
+@pytest.mark.integration
 def test_a_redirected_warm_start_log_holds_no_progress_bars(tmp_path):
     """Issue 40: `make run > log` held TRL's SFT progress bars (tqdm's carriage-return frames) and datasets'
     tokenizing bars. With stderr not a terminal the real warm start (2 steps, the embedded model) writes none."""
