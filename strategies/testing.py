@@ -27,8 +27,10 @@ small problem and raises ``AssertionError`` with one line naming the check and w
   ``strategy.tied`` says so) and resumes exactly after it; a partly tied tell moves the strategy only
   by the ranks: the same candidates told in another order, with the fitness through an increasing
   transformation (3 f + 1), give the same mean, sigma and next candidates (to 1e-9);
-* :func:`check_resume`: ``state_dict()`` survives pickle, and a strategy loaded from it asks,
-  is told and asks exactly what the original does (random state included), twice over;
+* :func:`check_resume`: ``state_dict()`` survives pickle, names no class of the strategy's own
+  package in any layer (nested pickles in its bytes included: moving that code would break every
+  saved run), and a strategy loaded from it asks, is told and asks exactly what the original does
+  (random state included), twice over;
 * :func:`check_memory`: the ``state_dict`` pickle size and the tracemalloc peak of construct +
   ask + tell at D 8192 (P 4), returned as a dict; it fails only above the caller's limits. A
   strategy that refuses D 8192 with a one-line ``ValueError`` passes, reported as refused.
@@ -38,6 +40,7 @@ The fitness used is a sphere rounded to quarters, so that ties occur, as with k/
 
 from __future__ import annotations
 
+import io
 import pickle
 import time
 import tracemalloc
@@ -48,7 +51,8 @@ import numpy as np
 from strategies.base import Strategy, plain_loads, rank_nan_last
 
 __all__ = ["CHECKS", "check_ask", "check_memory", "check_nan_last", "check_no_mutation", "check_resume",
-           "check_seed", "check_strategy", "check_tell_shapes", "check_ties", "format_memory", "run_all"]
+           "check_seed", "check_strategy", "check_tell_shapes", "check_ties", "format_memory", "pickled_classes",
+           "run_all"]
 
 
 # --- helpers -------------------------------------------------------------------------------
@@ -324,6 +328,38 @@ def check_ties(cls: type[Strategy], *, dim: int = 8, population_size: int = 8, s
                      f"sigma {a.sigma} vs {b.sigma}); weight candidates by rank, ties equally")
 
 
+def _values(obj: Any):
+    """``obj`` and every value nested in its dicts, lists and tuples."""
+    yield obj
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        for item in obj:
+            yield from _values(item)
+
+
+def pickled_classes(data: bytes) -> set[str]:
+    """Every ``module.name`` a pickle names (classes, functions), in it and in the pickles held in its
+    bytes values (a library's own pickle, like pycma's), recursively. Loads ``data``: trusted input only."""
+    seen: set[str] = set()
+
+    class Recorder(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            seen.add(f"{module}.{name}")
+            return super().find_class(module, name)
+
+        def persistent_load(self, pid: Any) -> None:
+            return None
+
+    for value in _values(Recorder(io.BytesIO(data)).load()):
+        if isinstance(value, bytes) and value[:1] == b"\x80":  # a pickle (protocol 2+)
+            try:
+                seen |= pickled_classes(value)
+            except Exception:  # noqa: BLE001 - bytes that only look like a pickle
+                pass
+    return seen
+
+
 def _run(check: str, strategy: Strategy, generations: int) -> list[np.ndarray]:
     asked = []
     for _ in range(generations):
@@ -343,13 +379,20 @@ def check_resume(cls: type[Strategy], *, dim: int = 8, population_size: int = 8,
     checkpointed and restored once more.
 
     Raises:
-        AssertionError: ``check_resume: ...`` if state_dict/pickle/load_state_dict fails, or the
+        AssertionError: ``check_resume: ...`` if state_dict/pickle/load_state_dict fails, the state
+            names a class of the strategy's own package (at any nesting level), or the
             restored strategy's candidates, mean, sigma or generation differ from the original's
             (e.g. a random generator that is not in ``state_dict``).
     """
     check = "check_resume"
     original = _build(check, cls, seed, dim, population_size, sigma0, options)
     _run(check, original, 2)
+    package = cls.__module__.split(".")[0]
+    own = sorted(p for p in pickled_classes(_state_bytes(check, original)) if p.split(".")[0] == package)
+    if own:
+        _fail(check, f"state_dict() names {', '.join(own)} (in it or in a pickle it holds); moving or renaming "
+                     f"that code would break every saved run: keep plain data, or pickle a library's object with "
+                     f"your own objects as persistent ids (strategies.cma_es.dumps_es)")
     for round_ in (1, 2):
         state = _call(check, "state_dict() read back as a checkpoint is (plain data only: PlainUnpickler)",
                       lambda: plain_loads(pickle.dumps(original.state_dict(), protocol=4)))

@@ -290,7 +290,19 @@ def test_resume_redoes_the_validation_the_interrupt_cut_short(fake_run, monkeypa
     assert calls[1] == ["g0c5"]  # redone first, on the mean genome checkpointed after generation 0 (P = 4)
 
 
-def test_a_version_1_checkpoint_resumes_exactly(fake_run):
+@pytest.fixture(params=["as written", "strategies.cma_es moved"])
+def cma_es_moved(request, monkeypatch):
+    """With "strategies.cma_es moved", the path ``strategies.cma_es`` holds none of its classes (as after a
+    move or rename of the module): a checkpoint resolves them only through explicit maps of old paths."""
+    if request.param != "as written":
+        import sys
+        import types
+
+        monkeypatch.setitem(sys.modules, "strategies.cma_es", types.ModuleType("strategies.cma_es"))
+    return request.param
+
+
+def test_a_version_1_checkpoint_resumes_exactly(fake_run, cma_es_moved):
     """A run checkpointed by the code before the restructuring (tests/fixtures/checkpoint_v1: version 1,
     ``RunState`` pickled under its old class path ``engine.loop.RunState``, 1 generation) resumes on
     today's code, which continues from generation 1 and reproduces the uninterrupted old run (3
@@ -319,6 +331,21 @@ def test_a_version_1_checkpoint_resumes_exactly(fake_run):
     ckpt = io.read_pickle(run_dir / "checkpoint.pkl")
     assert ckpt["version"] == CHECKPOINT_VERSION == 2 and ckpt["run_state"]["generation"] == 2
     assert isinstance(ckpt["run_state"], dict)  # plain data now: no class path to move
+    from strategies.testing import pickled_classes
+    names = pickled_classes((run_dir / "checkpoint.pkl").read_bytes())  # pycma's nested pickle included
+    assert "cma.evolution_strategy.CMAEvolutionStrategy" in names
+    assert not [n for n in names if n.split(".")[0] in ("strategies", "engine", "rewards")], names
+
+
+def test_an_unknown_checkpoint_version_lists_the_versions_this_build_reads(tmp_path):
+    from engine import io
+    from engine.commands.train_checkpoint import read_checkpoint
+
+    io.write_pickle(tmp_path / "checkpoint.pkl", {"version": 3})
+    with pytest.raises(ValueError) as e:
+        read_checkpoint(tmp_path)
+    assert str(e.value) == (f"resume: {tmp_path / 'checkpoint.pkl'} has checkpoint version 3, this essa reads "
+                            "versions 1, 2; resume it with the essa that wrote it, or start afresh without resume")
 
 
 def test_tied_generations_leave_the_mean_where_it_is(fake_run, monkeypatch):

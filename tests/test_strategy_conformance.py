@@ -132,6 +132,26 @@ class WeighsByValue(MeanOfBetterHalf):
         self._mean = w @ genomes / w.sum()
 
 
+class _Box:
+    """A project class (this test module's) that PicklesOwnClass hides in its state's bytes."""
+
+    def __init__(self, mean):
+        self.mean = mean
+
+
+class PicklesOwnClass(MeanOfBetterHalf):
+    """(g) its state holds a pickle naming its own package's class (as pycma's pickle once held
+    strategies.cma_es._GeneratorRandn): moving that module would break every checkpoint."""
+
+    def _state_dict(self):
+        import pickle
+        return {"box": pickle.dumps(_Box(self._mean.copy()))}
+
+    def _load_state_dict(self, state):
+        import pickle
+        self._mean = pickle.loads(state["box"]).mean
+
+
 BROKEN = [
     (UsesGlobalRandom, check_seed, "global random state|asked different candidates"),
     (UnseededGenerator, check_seed, "asked different candidates"),
@@ -143,6 +163,7 @@ BROKEN = [
     (SortsFitness, check_no_mutation, "tell\\(\\) changed the fitness"),
     (BreaksTiesByOrder, check_ties, "a fully tied tell moved the mean"),
     (WeighsByValue, check_ties, "a partly tied tell moved the strategy by more than the ranks"),
+    (PicklesOwnClass, check_resume, "state_dict\\(\\) names .*_Box .*moving or renaming"),
 ]
 
 
