@@ -348,6 +348,26 @@ def test_an_unknown_checkpoint_version_lists_the_versions_this_build_reads(tmp_p
                             "versions 1, 2; resume it with the essa that wrote it, or start afresh without resume")
 
 
+def test_metrics_count_the_answer_checks_that_timed_out(fake_run, monkeypatch):
+    """Issue 40: how many verdicts of a generation were timeouts (reward.timeout_s) is a metrics column."""
+    from engine import io
+    from engine.commands.train import run_train
+
+    real = FakeEvaluator.evaluate
+
+    def some_timeouts(self, genomes, problems, generation, *args, **kwargs):
+        result = real(self, genomes, problems, generation, *args, **kwargs)
+        result.rollouts["status"][:generation] = ["timeout"] * generation  # generation g: g timeouts
+        return result
+
+    monkeypatch.setattr(FakeEvaluator, "evaluate", some_timeouts)
+    build, run_dir = fake_run
+    cfg, _ = build(interrupt_at=-1)
+    cfg.report = False
+    run_train(cfg, run_dir)
+    assert [r["n_timeouts"] for r in io.read_rows(run_dir / "metrics.parquet")] == [0, 1, 2]
+
+
 def test_tied_generations_leave_the_mean_where_it_is(fake_run, monkeypatch):
     """Fitness 0 for every candidate in every generation (issue 40: the lra_cma mean reached norm 3.78 in three
     such generations): the mean stays at genome zero, strategy.mean_decay does not move it either, and the

@@ -551,7 +551,8 @@ def _deadline_decision(run: TrainRun, g: int, result, row: dict) -> str:
 
 def generation_row(g: int, wall_s: float, result, P: int, sigma: float, t_ask: float, t_tell: float) -> dict:
     """One metrics.parquet row: fitness of the P candidates, the centre (index P, when evaluated),
-    the signal diagnostics of engine/results/stats.py, tokens and seconds per phase."""
+    the signal diagnostics of engine/results/stats.py, the answer checks that hit reward.timeout_s
+    (``n_timeouts``, completions scored NaN), tokens and seconds per phase."""
     from engine.results.stats import (one_text_share, pairwise_discordance, prompts_disagreeing,
                                       split_half_rank_correlation, variance_ratio)
 
@@ -566,7 +567,8 @@ def generation_row(g: int, wall_s: float, result, P: int, sigma: float, t_ask: f
            "prompts_disagreeing": prompts_disagreeing(rewards), "fitness_var": stat(np.nanvar),
            "pairwise_discordance": pairwise_discordance(rewards),
            "one_text_share": one_text_share(candidate_texts(result.rollouts, P, rewards.shape[1])),
-           "n_failed": int((~np.isfinite(fit)).sum()), "sigma": float(sigma),
+           "n_failed": int((~np.isfinite(fit)).sum()),
+           "n_timeouts": sum(s == "timeout" for s in result.rollouts.get("status", ())), "sigma": float(sigma),
            "tokens": result.tokens, "tokens_per_s": result.tokens / max(tm.get("generate", 0.0), 1e-9),
            "t_ask": t_ask, "t_decode": tm.get("decode", 0.0), "t_write": tm.get("write", 0.0),
            "t_generate": tm.get("generate", 0.0), "t_reward": tm.get("reward", 0.0), "t_tell": t_tell}
