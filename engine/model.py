@@ -352,7 +352,7 @@ def check_quantization(quantization: str | None, gpu: bool | None = None, amx: b
       ``base_layer.weight.device`` when they wrap the layer (vllm/lora/layers/utils.py), so the
       engine would fail at start-up.
     * CPU whose vLLM kernel library has no W4A16 GEMM ``cpu_gemm_wna16`` (``_C_AVX2``, loaded on a
-      CPU without AVX-512 or under an AVX2 cap: engine/cpu_kernels.py): no int4; the engine would
+      CPU without AVX-512 or under an AVX2 cap: engine/hardware.py): no int4; the engine would
       start and die at its first request (EngineDeadError). Decided from the op's presence in the
       installed vLLM's library, not from the ISA.
     * CPU, int4 in float32 (``model.dtype=float32``, or ``auto`` on a CPU without native bf16): the
@@ -367,7 +367,7 @@ def check_quantization(quantization: str | None, gpu: bool | None = None, amx: b
         dtype: the dtype vLLM will run (``engine.hardware.resolve_dtype`` of ``model.dtype``); None
             = not checked.
         wna16: the kernel library vLLM loads here registers ``cpu_gemm_wna16``; None = probe
-            (:func:`engine.cpu_kernels.has_op`, a few seconds, only for int4).
+            (:func:`engine.hardware.kernel_has_op`, a few seconds, only for int4).
 
     Raises:
         ValueError: an unknown value, or a combination this back-end cannot serve (the message
@@ -383,9 +383,9 @@ def check_quantization(quantization: str | None, gpu: bool | None = None, amx: b
         return
     amx = bool(torch.cpu._is_amx_tile_supported()) if amx is None else amx
     if wna16 is None and (q.name == "int4" or not amx):
-        from engine import cpu_kernels
+        from engine import hardware
 
-        wna16 = cpu_kernels.has_op(cpu_kernels.this_library(), "cpu_gemm_wna16")
+        wna16 = hardware.kernel_has_op(hardware.this_kernel_library(), "cpu_gemm_wna16")
     int4_float32 = dtype == "float32"  # cpu_gemm_wna16 has no float32 version
     if q.name == "int8" and not amx:
         other = "null" if int4_float32 or not wna16 else "int4 (W4A16) or null"  # never int4 where it is refused too

@@ -181,12 +181,12 @@ def test_refusals_per_cpu_class(cpu_class, requested, int8, int4):
     from engine.hardware import CPUInfo, DeviceInfo, resolve_dtype
     from engine.model import check_quantization
 
-    from engine import cpu_kernels
+    from engine import hardware
 
     cpu = CPUInfo(model=cpu_class, flags=frozenset(CPU_CLASSES[cpu_class].split()), cores=2)
     dtype, _ = resolve_dtype(requested, DeviceInfo(cpu=cpu), log_choice=False)
     amx = "amx_tile" in cpu.flags
-    kernels = cpu_kernels.library("avx512f" in cpu.flags, "avx512_bf16" in cpu.flags)
+    kernels = hardware.kernel_library("avx512f" in cpu.flags, "avx512_bf16" in cpu.flags)
     wna16 = kernels != "_C_AVX2"  # measured: only _C_AVX2 lacks cpu_gemm_wna16 (test_kernel_libraries_ops)
     for name, outcome in (("int8", int8), ("int4", int4)):
         assert (expected_refusal(name, amx, dtype, wna16) is None) == (outcome == "served"), (name, dtype)
@@ -204,16 +204,16 @@ def test_refusals_per_cpu_class(cpu_class, requested, int8, int4):
 def test_kernel_libraries_ops():
     """The installed vLLM's kernel libraries, read by loading each: only _C_AVX2 lacks the W4A16 GEMM; and the
     library a process loads follows the ISA cap (the AVX2 emulation loads _C_AVX2, as an AVX2 CPU does)."""
-    from engine import cpu_kernels
+    from engine import hardware
 
-    assert {lib: cpu_kernels.has_op(lib, "cpu_gemm_wna16") for lib in cpu_kernels.LIBRARIES} == \
+    assert {lib: hardware.kernel_has_op(lib, "cpu_gemm_wna16") for lib in hardware.KERNEL_LIBRARIES} == \
         {"_C": True, "_C_AVX512": True, "_C_AVX2": False}
-    assert cpu_kernels.capped_isa(True, True, {}) == (True, True)
-    assert cpu_kernels.capped_isa(True, True, {"ONEDNN_MAX_CPU_ISA": "AVX2"}) == (False, False)
-    assert cpu_kernels.capped_isa(True, True, {"ATEN_CPU_CAPABILITY": "avx2"}) == (False, False)
-    assert cpu_kernels.capped_isa(True, True, {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}) == (True, False)
-    assert cpu_kernels.capped_isa(False, False, {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}) == (False, False)
-    assert [cpu_kernels.library(*isa) for isa in ((True, True), (True, False), (False, False))] == \
+    assert hardware.capped_isa(True, True, {}) == (True, True)
+    assert hardware.capped_isa(True, True, {"ONEDNN_MAX_CPU_ISA": "AVX2"}) == (False, False)
+    assert hardware.capped_isa(True, True, {"ATEN_CPU_CAPABILITY": "avx2"}) == (False, False)
+    assert hardware.capped_isa(True, True, {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}) == (True, False)
+    assert hardware.capped_isa(False, False, {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}) == (False, False)
+    assert [hardware.kernel_library(*isa) for isa in ((True, True), (True, False), (False, False))] == \
         ["_C", "_C_AVX512", "_C_AVX2"]
 
 
@@ -316,11 +316,11 @@ def test_lora_on_quantized_base(name, float_model, tmp_path):
     from engine.hardware import resolve_dtype
     from engine.model import check_quantization, quantize_model
 
-    from engine import cpu_kernels
+    from engine import hardware
 
     auto, _ = resolve_dtype("auto", log_choice=False)
     amx = bool(torch.cpu._is_amx_tile_supported())  # what vLLM's CPU kernels (and the check) read
-    wna16 = cpu_kernels.has_op(cpu_kernels.this_library(), "cpu_gemm_wna16")  # _C_AVX2 (an AVX2 CPU, or capped)
+    wna16 = hardware.kernel_has_op(hardware.this_kernel_library(), "cpu_gemm_wna16")  # _C_AVX2 (an AVX2 CPU, or capped)
     refusal = expected_refusal(name, amx, auto, wna16)
     if refusal is not None:  # the documented refusal on this CPU, then the precision where it is served
         with pytest.raises(ValueError) as e:

@@ -20,7 +20,7 @@ while torch.compile traces). On other versions nothing in vLLM is patched and th
 no-adapter requests in a batch of their own (:func:`no_adapter_plan`).
 
 An ISA cap below AVX-512 (``ONEDNN_MAX_CPU_ISA=AVX2`` or ``ATEN_CPU_CAPABILITY=avx2``, the AVX2 emulation):
-:func:`follow_isa_cap` makes vLLM load its ``_C_AVX2`` kernel library (engine/cpu_kernels.py), which lacks
+:func:`follow_isa_cap` makes vLLM load its ``_C_AVX2`` kernel library (engine/hardware.py), which lacks
 ops the full library has (the int4 GEMM), as on a real AVX2 CPU.
 
 An ISA cap that switches AMX off (``ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16`` on an AMX Xeon, the way the
@@ -197,7 +197,7 @@ def install_prompt_row_guard() -> None:
 
 def follow_isa_cap() -> str | None:
     """Make ``torch.cpu._is_avx512_supported()`` / ``_is_avx512_bf16_supported()`` answer as the environment's
-    ISA cap says (:func:`engine.cpu_kernels.capped_isa`: ``ONEDNN_MAX_CPU_ISA=AVX2`` or
+    ISA cap says (:func:`engine.hardware.capped_isa`: ``ONEDNN_MAX_CPU_ISA=AVX2`` or
     ``ATEN_CPU_CAPABILITY=avx2``), so that vLLM's ``import_kernels`` loads the kernel library of the emulated
     CPU class (``_C_AVX2``, ``_C_AVX512``) in this process instead of the full ``_C``.
 
@@ -206,15 +206,15 @@ def follow_isa_cap() -> str | None:
     """
     import torch
 
-    from engine import cpu_kernels
+    from engine import hardware
 
     real = (bool(torch.cpu._is_avx512_supported()), bool(torch.cpu._is_avx512_bf16_supported()))
-    capped = cpu_kernels.capped_isa(*real)
+    capped = hardware.capped_isa(*real)
     if capped == real:
         return None
     torch.cpu._is_avx512_supported = lambda: capped[0]
     torch.cpu._is_avx512_bf16_supported = lambda: capped[1]
-    return cpu_kernels.library(*capped)
+    return hardware.kernel_library(*capped)
 
 
 def follow_amx_cap() -> str | None:
