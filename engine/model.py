@@ -339,7 +339,7 @@ def quantize_model(src: str, out: str | Path, quantization: str) -> Path:
 
 
 def check_quantization(quantization: str | None, gpu: bool | None = None, amx: bool | None = None,
-                       dtype: str | None = None) -> None:
+                       dtype: str | None = None, wna16: bool | None = None) -> None:
     """Refuse, in one line, a ``model.quantization`` that vLLM 0.32 cannot serve with LoRA here.
 
     What vLLM 0.32 serves with LoRA adapters on a quantized (compressed-tensors) base:
@@ -351,6 +351,10 @@ def check_quantization(quantization: str | None, gpu: bool | None = None, amx: b
       weight into a oneDNN handle and sets ``layer.weight = None``, while vLLM's LoRA layers look up
       ``base_layer.weight.device`` when they wrap the layer (vllm/lora/layers/utils.py), so the
       engine would fail at start-up.
+    * CPU whose vLLM kernel library has no W4A16 GEMM ``cpu_gemm_wna16`` (``_C_AVX2``, loaded on a
+      CPU without AVX-512 or under an AVX2 cap: engine/hardware.py): no int4; the engine would
+      start and die at its first request (EngineDeadError). Decided from the op's presence in the
+      installed vLLM's library, not from the ISA.
     * CPU, int4 in float32 (``model.dtype=float32``, or ``auto`` on a CPU without native bf16): the
       W4A16 kernel ``cpu_gemm_wna16`` exists for bfloat16/float16 activations only, so the engine
       would fail after the warm start (``NotImplementedError: "cpu_gemm_wna16" not implemented for
@@ -362,6 +366,8 @@ def check_quantization(quantization: str | None, gpu: bool | None = None, amx: b
         amx: the CPU has AMX tiles as torch sees them (vLLM's own test); None = probe.
         dtype: the dtype vLLM will run (``engine.hardware.resolve_dtype`` of ``model.dtype``); None
             = not checked.
+        wna16: the kernel library vLLM loads here registers ``cpu_gemm_wna16``; None = probe
+            (:func:`engine.hardware.kernel_has_op`, a few seconds, only for int4).
 
     Raises:
         ValueError: an unknown value, or a combination this back-end cannot serve (the message
@@ -376,11 +382,20 @@ def check_quantization(quantization: str | None, gpu: bool | None = None, amx: b
     if gpu:
         return
     amx = bool(torch.cpu._is_amx_tile_supported()) if amx is None else amx
+    if wna16 is None and (q.name == "int4" or not amx):
+        from engine import hardware
+
+        wna16 = hardware.kernel_has_op(hardware.this_kernel_library(), "cpu_gemm_wna16")
     int4_float32 = dtype == "float32"  # cpu_gemm_wna16 has no float32 version
     if q.name == "int8" and not amx:
-        other = "null" if int4_float32 else "int4 (W4A16) or null"  # never int4 where it is refused too
+        other = "null" if int4_float32 or not wna16 else "int4 (W4A16) or null"  # never int4 where it is refused too
         raise ValueError("model.quantization=int8: vLLM 0.32's CPU INT8 kernel without AMX drops the weight its LoRA "
                          f"layers need; use model.quantization={other} on this CPU")
+    if q.name == "int4" and not wna16:
+        other = "int8 (W8A8) or null" if amx else "null"
+        raise ValueError("model.quantization=int4: the vLLM CPU kernels this CPU loads have no W4A16 GEMM "
+                         "(cpu_gemm_wna16; _C_AVX2, for CPUs without AVX-512, lacks it), so the engine would die at "
+                         f"its first request; use model.quantization={other} on this CPU")
     if q.name == "int4" and int4_float32:
         raise ValueError("model.quantization=int4 with model.dtype resolving to float32: vLLM 0.32's CPU INT4 kernel "
                          "(cpu_gemm_wna16) has no float32 version; set model.dtype=bfloat16 (emulated and slower on a "

@@ -10,13 +10,16 @@ Why not `concurrent.futures.ProcessPoolExecutor` or `multiprocessing`:
 
 So each worker is a plain ``python -m rewards._worker`` started with `subprocess.Popen`,
 talking over two private pipes with `multiprocessing.connection` framing, with at most one
-item in flight. The parent waits on all pipes with `multiprocessing.connection.wait` and a
-deadline; a worker past its deadline is SIGKILLed and replaced. No signals are used in the
-parent, so this works from any thread and inside any process.
+item in flight. An item's limit is CPU time, counted by the worker (`rewards._worker.check_within`:
+a profiling timer, and the kernel's ``RLIMIT_CPU`` for a check stuck in C code), so a verdict does
+not depend on the machine's load: under load 5-8 on 2 cores a wall-clock limit of 5 s judged a
+legitimate one-second symbolic check a timeout. The parent waits on all pipes with
+`multiprocessing.connection.wait` and a wall-clock backstop (:func:`wall_backstop_s`, 10 x the
+limit) for a check that hangs without using CPU; a worker past it is SIGKILLed and replaced. No
+signals are used in the parent, so this works from any thread and inside any process.
 
 Workers start lazily, on the first item that needs them; importing `rewards` starts
-nothing. An item's time limit counts from when it is sent to a ready worker, so start-up
-(the sympy import, about a second) is never charged to an item. Each worker caps its
+nothing. Start-up (the sympy import, about a second) is never charged to an item. Each worker caps its
 address space (``RLIMIT_AS``), dies with its parent (``PR_SET_PDEATHSIG``, so workers are
 started from one long-lived thread), and is recycled after `max_tasks`
 items to bound sympy's caches. POSIX only (``pass_fds``).
@@ -44,6 +47,14 @@ from collections import deque
 from multiprocessing.connection import Connection, wait
 
 STARTUP_TIMEOUT_S = 120.0  # seconds a batch waits for a worker before giving up
+WALL_BACKSTOP_FACTOR = 10.0
+"""An item's wall-clock backstop is this many times its CPU-time limit (a worker that gets a quarter of
+a core under load 8 on 2 cores still reaches its CPU limit first)."""
+
+
+def wall_backstop_s(timeout_s: float) -> float:
+    """Wall-clock seconds after which a worker still on one item is killed (its verdict ``"timeout"``)."""
+    return WALL_BACKSTOP_FACTOR * timeout_s
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -194,8 +205,8 @@ class VerifierPool:
         Args:
             tasks: ``math``: ``(extracted answer, reference)`` pairs; ``gym``: ``(answer or None,
                 dataset name, reference)`` triples.
-            timeout_s: hard limit per item in seconds, counted from when the item reaches a
-                ready worker.
+            timeout_s: limit per item in seconds of the worker's CPU time (user + system), with a
+                wall-clock backstop of :func:`wall_backstop_s` from when the item reaches a ready worker.
 
         Returns:
             ``math``: ``"correct"``, ``"wrong"`` or ``"ref_error"``; ``gym``: the score (float) or
@@ -225,12 +236,12 @@ class VerifierPool:
                 if w.ready and w.task is None and pending:
                     i = pending.popleft()
                     try:
-                        w.send_conn.send((i, *tasks[i]))
+                        w.send_conn.send((i, timeout_s, *tasks[i]))
                     except (OSError, ValueError):  # it died while idle
                         pending.appendleft(i)
                         self._replace(w)
                         continue
-                    w.task, w.deadline = i, now + timeout_s
+                    w.task, w.deadline = i, now + wall_backstop_s(timeout_s)
             busy = [w for w in self._workers if w.task is not None]
             if busy:
                 wait_s = max(0.0, min(w.deadline for w in busy) - now)

@@ -73,7 +73,8 @@ class GymReward:
             ``gsm_symbolic``, ...), whose ``score_answer`` decides.
         answer_format: ``boxed`` or ``answer_tag`` (module docstring).
         lenient: ``boxed`` only: also accept the last bare number (`rewards.extract`).
-        timeout_s: hard limit in seconds for one verifier call (> 0).
+        timeout_s: limit in seconds of CPU time for one verifier call (> 0; a wall-clock backstop of 10x
+            ends a call that hangs without using CPU).
         format_weight: weight of the format term; 0 disables it.
         workers: processes in the verifier pool (started on first need, shared by every instance
             with the same settings).

@@ -217,7 +217,8 @@ class MathReward:
     Args:
         lenient: also accept the last bare number of a completion (off by default; see
             `rewards.extract`).
-        timeout_s: hard limit in seconds for one symbolic check (> 0). Plain numbers and text
+        timeout_s: limit in seconds of CPU time for one symbolic check (> 0; a wall-clock backstop of 10x
+            ends a check that hangs without using CPU). Plain numbers and text
             answers never need one.
         format_weight: weight of the format term (1 when the answer is in exactly one
             distinct ``\\boxed{}``); 0 disables it.

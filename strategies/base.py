@@ -27,6 +27,14 @@ Conventions (docs/ARCHITECTURE.md):
   weights over tied ranks for the duration of one tell (``strategy.options.ties``,
   :mod:`strategies.cma_es`), and OpenAI-ES shapes fitness into averaged centred ranks.
   Failed candidates (NaN) all tie below every finite one (:func:`rank_nan_last`).
+* A fully tied generation carries no information: :meth:`Strategy.tell` then leaves the strategy as
+  it is (``_tell`` is not called; the generation counter advances, :attr:`Strategy.tied` says so and
+  one log line too). Told to a rank-based update, every candidate would get the same weight and the
+  mean would move to the candidates' average, a random step of sigma sqrt(D / P) (measured with
+  pycma 4.5.0, D 4, P 8, sigma 0.3: 0.21 rms over 200 seeds; LRA-CMA's mean reached norm 3.78 and
+  its sigma grew in a real run with three all-zero generations). A partly tied generation moves the
+  strategy only by what the ranks tell: the update is the same for any order of the told candidates
+  and any increasing transformation of the fitness (:func:`strategies.testing.check_ties`).
 
 The base class does the bookkeeping once (evosax's design, ``evosax/algorithms/base.py``):
 argument validation, the generation counter, the best-so-far genome, the random generator
@@ -38,12 +46,15 @@ from __future__ import annotations
 
 import abc
 import io
+import logging
 import pickle
 from typing import Any
 
 import numpy as np
 
 __all__ = ["Strategy", "average_over_ties", "rank_nan_last"]
+
+log = logging.getLogger("essa.strategies")
 
 
 def rank_nan_last(fitness: np.ndarray) -> np.ndarray:
@@ -169,6 +180,7 @@ class Strategy(abc.ABC):
         self._generation = 0
         self.best_genome: np.ndarray | None = None
         self.best_fitness: float = -np.inf
+        self.tied = False
 
     # --- the maths, per strategy -------------------------------------------------------
     @abc.abstractmethod
@@ -206,6 +218,9 @@ class Strategy(abc.ABC):
     def generation(self) -> int:
         """Number of completed ``tell`` calls."""
         return self._generation
+
+    tied: bool
+    """True when the last :meth:`tell`'s fitness was all tied, so that it left the strategy as it was."""
 
     def ask(self) -> np.ndarray:
         """Sample this generation's candidates.
@@ -246,6 +261,9 @@ class Strategy(abc.ABC):
         Raises:
             ValueError: on wrong shapes, +inf fitness, or when every entry is NaN (the whole
                 generation failed; that is an evaluator fault, not a ranking).
+
+        Every entry equal (a fully tied generation): only the counter and the best-so-far move
+        (module docstring, :attr:`tied`).
         """
         genomes = np.asarray(genomes, dtype=np.float64)
         fitness = np.asarray(fitness, dtype=np.float64)
@@ -264,8 +282,15 @@ class Strategy(abc.ABC):
                 f"tell: all {P} fitness values are NaN (every candidate failed) at generation {self.generation}; "
                 "fix the evaluator or skip this tell"
             )
-        self._tell(genomes, rank_nan_last(fitness))
-        best = int(np.argmax(np.where(finite, fitness, -np.inf)))
+        ranked = rank_nan_last(fitness)
+        self.tied = bool(np.all(ranked == ranked[0]))
+        if self.tied:  # no candidate is better than another: nothing to learn, nothing moves
+            log.info("generation %d: all %d candidates tied at fitness %.6g; the search distribution is left as "
+                     "it is", self.generation, P, fitness[0])
+        else:
+            self._tell(genomes, ranked)
+        top = np.flatnonzero(fitness == np.nanmax(fitness))  # tied best: the first by genome bytes, not by place
+        best = int(min(top, key=lambda i: genomes[i].tobytes()))
         if fitness[best] > self.best_fitness:
             self.best_fitness = float(fitness[best])
             self.best_genome = genomes[best].copy()

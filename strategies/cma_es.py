@@ -23,8 +23,13 @@ smaller genome (``strategy.genome.alpha``).
 Exact resume: pycma samples through its ``randn`` option, by default numpy's *global*
 generator. We hand it :class:`_GeneratorRandn`, a callable bound to the strategy's own
 ``np.random.Generator`` (``self.rng``, seeded from ``seed``); the base class saves that
-generator's ``bit_generator.state`` and the adapter saves ``es.pickle_dumps()``, so a
-restored strategy samples exactly what the original would have.
+generator's ``bit_generator.state`` and the adapter saves pycma's object pickled (:func:`dumps_es`),
+so a restored strategy samples exactly what the original would have. That pickle names pycma's and
+numpy's classes only: the sampler goes in as a persistent id (``pickle``'s hook for objects kept
+outside the file) and comes back bound to the restored generator, so moving or renaming this
+module cannot break a checkpoint. Checkpoints written before 2026-12 name
+``strategies.cma_es._GeneratorRandn`` inside pycma's pickle; :data:`LEGACY_CLASSES` maps that path
+on load without importing it.
 
 Ties (``strategy.options.ties``, default ``"average"``): with k/N accuracies most candidates tie,
 and pycma ranks by ``np.argsort``, so tied candidates got unequal recombination weights by their
@@ -60,16 +65,18 @@ places 0 and 1 of the ask order, those two places keep the caller's order.
 from __future__ import annotations
 
 import copy
+import io
 import logging
+import pickle
 from typing import Any, Literal
 
 import cma
 import numpy as np
 
-from strategies.base import Strategy, average_over_ties, plain_loads
+from strategies.base import PlainUnpickler, Strategy, average_over_ties
 
-__all__ = ["CMAES", "SepCMAES", "AUTO_DIAGONAL_DIM", "MAX_FULL_DIM", "TIES", "canonical_order", "check_ties",
-           "has_ties", "tie_weights"]
+__all__ = ["CMAES", "SepCMAES", "AUTO_DIAGONAL_DIM", "LEGACY_CLASSES", "MAX_FULL_DIM", "TIES", "canonical_order",
+           "check_ties", "dumps_es", "has_ties", "loads_es", "tie_weights"]
 
 log = logging.getLogger("essa.strategies")
 
@@ -176,7 +183,52 @@ class _GeneratorRandn:
         return {}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.rng = None  # re-bound by CMAES._load_state_dict
+        self.rng = None  # a checkpoint from before 2026-12: re-bound by loads_es
+
+
+_RANDN = "essa:randn"
+"""The persistent id of the strategy's sampler in pycma's pickle (:func:`dumps_es`)."""
+
+LEGACY_CLASSES = {("strategies.cma_es", "_GeneratorRandn"): _GeneratorRandn}
+"""Project classes older checkpoints name inside pycma's pickle, by the path they were written under."""
+
+
+class _Pickler(pickle.Pickler):
+    def persistent_id(self, obj: Any) -> str | None:
+        return _RANDN if isinstance(obj, _GeneratorRandn) else None
+
+
+class _Unpickler(PlainUnpickler):
+    def __init__(self, f, rng: np.random.Generator):
+        super().__init__(f, classes=LEGACY_CLASSES, modules=("cma", "numpy.linalg"))  # pycma's classes, eigh
+        self.randn = _GeneratorRandn(rng)
+
+    def persistent_load(self, pid: Any) -> Any:
+        if pid != _RANDN:
+            raise pickle.UnpicklingError(f"unknown persistent id {pid!r} in pycma's pickle")
+        return self.randn
+
+
+def dumps_es(es: cma.CMAEvolutionStrategy) -> bytes:
+    """pycma's object pickled without this module's classes: its ``randn`` sampler (in ``opts``,
+    ``inopts`` and the sampler ``sm``) becomes a persistent id (:func:`loads_es` binds it again)."""
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=4).dump(es)
+    return buf.getvalue()
+
+
+def loads_es(data: bytes, rng: np.random.Generator) -> cma.CMAEvolutionStrategy:
+    """The pycma object of :func:`dumps_es` (or of ``es.pickle_dumps()``, checkpoints before 2026-12),
+    sampling from ``rng``; only pycma's, numpy's and :data:`LEGACY_CLASSES`' classes load.
+
+    Raises:
+        pickle.UnpicklingError: the bytes name another class (one line naming it).
+    """
+    es = _Unpickler(io.BytesIO(data), rng).load()
+    randn = es.opts["randn"]
+    if isinstance(randn, _GeneratorRandn):  # a legacy pickle's sampler, restored unbound
+        randn.rng = rng
+    return es
 
 
 class CMAES(Strategy):
@@ -200,7 +252,7 @@ class CMAES(Strategy):
             pycma option that reorders or penalises the told candidates (``CMA_elitist``, the
             ``BoundPenalty`` boundary handler).
 
-    ``state_dict()["strategy"]`` holds ``es`` (bytes, ``es.pickle_dumps()``).
+    ``state_dict()["strategy"]`` holds ``es`` (bytes, pycma's object: :func:`dumps_es`).
     """
 
     _RESERVED = ("popsize", "randn", "seed", "CMA_diagonal")
@@ -304,7 +356,7 @@ class CMAES(Strategy):
         self.es.mean = np.array(mean, dtype=np.float64)  # genotype = phenotype: no transformation is set
 
     def _state_dict(self) -> dict[str, Any]:
-        return {"es": self.es.pickle_dumps(), "diagonal": self.diagonal}
+        return {"es": dumps_es(self.es), "diagonal": self.diagonal}
 
     def _load_state_dict(self, state: dict[str, Any]) -> None:
         if state["diagonal"] != self.diagonal:
@@ -312,10 +364,7 @@ class CMAES(Strategy):
                 f"load_state_dict: checkpoint has diagonal={state['diagonal']}, this strategy {self.diagonal}; "
                 "build it with the checkpoint's strategy.options.diagonal"
             )
-        self.es = plain_loads(state["es"], modules=("cma", __name__, "numpy.linalg"))  # pycma's classes, this module's, eigh
-        # the pycma object and its sampler share one _GeneratorRandn; bind it to our generator,
-        # whose state the base class has just restored
-        self.es.opts["randn"].rng = self.rng
+        self.es = loads_es(state["es"], self.rng)  # the generator whose state the base class has just restored
 
 
 class SepCMAES(CMAES):

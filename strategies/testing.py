@@ -23,8 +23,14 @@ small problem and raises ``AssertionError`` with one line naming the check and w
 * :func:`check_nan_last`: NaN fitness is ranked last without a crash (the update equals the one
   for :func:`strategies.base.rank_nan_last`'s values, the best-so-far ignores NaN) and an
   all-NaN tell is refused with ``ValueError``;
-* :func:`check_resume`: ``state_dict()`` survives pickle, and a strategy loaded from it asks,
-  is told and asks exactly what the original does (random state included), twice over;
+* :func:`check_ties`: a fully tied tell leaves the mean and sigma exactly where they were (and
+  ``strategy.tied`` says so) and resumes exactly after it; a partly tied tell moves the strategy only
+  by the ranks: the same candidates told in another order, with the fitness through an increasing
+  transformation (3 f + 1), give the same mean, sigma and next candidates (to 1e-9);
+* :func:`check_resume`: ``state_dict()`` survives pickle, names no class of the strategy's own
+  package in any layer (nested pickles in its bytes included: moving that code would break every
+  saved run), and a strategy loaded from it asks, is told and asks exactly what the original does
+  (random state included), twice over;
 * :func:`check_memory`: the ``state_dict`` pickle size and the tracemalloc peak of construct +
   ask + tell at D 8192 (P 4), returned as a dict; it fails only above the caller's limits. A
   strategy that refuses D 8192 with a one-line ``ValueError`` passes, reported as refused.
@@ -34,6 +40,7 @@ The fitness used is a sphere rounded to quarters, so that ties occur, as with k/
 
 from __future__ import annotations
 
+import io
 import pickle
 import time
 import tracemalloc
@@ -44,7 +51,8 @@ import numpy as np
 from strategies.base import Strategy, plain_loads, rank_nan_last
 
 __all__ = ["CHECKS", "check_ask", "check_memory", "check_nan_last", "check_no_mutation", "check_resume",
-           "check_seed", "check_strategy", "check_tell_shapes", "format_memory", "run_all"]
+           "check_seed", "check_strategy", "check_tell_shapes", "check_ties", "format_memory", "pickled_classes",
+           "run_all"]
 
 
 # --- helpers -------------------------------------------------------------------------------
@@ -270,6 +278,88 @@ def check_nan_last(cls: type[Strategy], *, dim: int = 8, population_size: int = 
         _fail(check, f"a refused all-NaN tell moved the generation counter to {a.generation}")
 
 
+def _close(a: np.ndarray, b: np.ndarray) -> bool:
+    return np.shape(a) == np.shape(b) and bool(np.allclose(a, b, rtol=1e-9, atol=1e-12))
+
+
+def check_ties(cls: type[Strategy], *, dim: int = 8, population_size: int = 8, sigma0: float = 0.3,
+               options: dict[str, Any] | None = None, seed: int = 0) -> None:
+    """A fully tied generation moves nothing; a partly tied one moves the strategy only by the ranks.
+
+    After one ordinary generation, a tell with every fitness equal (no candidate better than another,
+    none better than the best so far) must leave ``mean`` and ``sigma`` exactly as they were and set ``strategy.tied``; the strategy
+    checkpointed after it continues exactly. Then two strategies with one seed are told the same
+    partly tied generation, one in the ask order, the other permuted and with the fitness mapped by
+    3 f + 1 (same ranks, same ties): their means, sigmas and next asks must agree to 1e-9.
+
+    Raises:
+        AssertionError: ``check_ties: ...`` naming what moved (the mean's or sigma's change after a
+            fully tied tell, ``tied`` not set, a resume that differs after it) or what the partly tied
+            update depended on besides the ranks.
+    """
+    check, P = "check_ties", population_size
+    strategy = _build(check, cls, seed, dim, population_size, sigma0, options)
+    first = _ask(check, strategy)
+    _tell(check, strategy, first, _fitness(first))
+    mean, sigma = np.asarray(strategy.mean).copy(), strategy.sigma
+    _tell(check, strategy, _ask(check, strategy), np.full(P, _fitness(first).min()))  # none beats the best so far
+    if not _same(np.asarray(strategy.mean), mean) or strategy.sigma != sigma:
+        _fail(check, f"a fully tied tell moved the mean ({_diff(np.asarray(strategy.mean), mean)}) or sigma ({sigma} -> "
+                     f"{strategy.sigma}); with every fitness equal leave the strategy as it is (Strategy.tell does)")
+    if not getattr(strategy, "tied", False):
+        _fail(check, "strategy.tied is not True after a fully tied tell; set it as Strategy.tell does")
+    restored = _build(check, cls, seed, dim, population_size, sigma0, options)
+    _call(check, "load_state_dict() after a fully tied tell", restored.load_state_dict,
+          plain_loads(pickle.dumps(strategy.state_dict(), protocol=4)))
+    if not all(_same(x, y) for x, y in zip(_run(check, strategy, 1), _run(check, restored, 1))):
+        _fail(check, "after a fully tied tell a restored strategy asks other candidates than the original")
+    a = _build(check, cls, seed, dim, population_size, sigma0, options)
+    b = _build(check, cls, seed, dim, population_size, sigma0, options)
+    genomes, _ = _ask(check, a), _ask(check, b)
+    fitness = _fitness(genomes)  # ties, as with k/N accuracies
+    perm = np.random.default_rng(seed).permutation(P)
+    _tell(check, a, genomes.copy(), fitness.copy())
+    _tell(check, b, genomes[perm], 3.0 * fitness[perm] + 1.0)
+    next_a, next_b = _ask(check, a), _ask(check, b)
+    if not (_close(np.asarray(a.mean), np.asarray(b.mean)) and np.isclose(a.sigma, b.sigma, rtol=1e-9)
+            and _close(next_a, next_b)):
+        _fail(check, f"a partly tied tell moved the strategy by more than the ranks: the same candidates told in "
+                     f"another order with fitness 3 f + 1 gave another update (mean {_diff(np.asarray(a.mean), np.asarray(b.mean))}, "
+                     f"sigma {a.sigma} vs {b.sigma}); weight candidates by rank, ties equally")
+
+
+def _values(obj: Any):
+    """``obj`` and every value nested in its dicts, lists and tuples."""
+    yield obj
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        for item in obj:
+            yield from _values(item)
+
+
+def pickled_classes(data: bytes) -> set[str]:
+    """Every ``module.name`` a pickle names (classes, functions), in it and in the pickles held in its
+    bytes values (a library's own pickle, like pycma's), recursively. Loads ``data``: trusted input only."""
+    seen: set[str] = set()
+
+    class Recorder(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            seen.add(f"{module}.{name}")
+            return super().find_class(module, name)
+
+        def persistent_load(self, pid: Any) -> None:
+            return None
+
+    for value in _values(Recorder(io.BytesIO(data)).load()):
+        if isinstance(value, bytes) and value[:1] == b"\x80":  # a pickle (protocol 2+)
+            try:
+                seen |= pickled_classes(value)
+            except Exception:  # noqa: BLE001 - bytes that only look like a pickle
+                pass
+    return seen
+
+
 def _run(check: str, strategy: Strategy, generations: int) -> list[np.ndarray]:
     asked = []
     for _ in range(generations):
@@ -289,13 +379,20 @@ def check_resume(cls: type[Strategy], *, dim: int = 8, population_size: int = 8,
     checkpointed and restored once more.
 
     Raises:
-        AssertionError: ``check_resume: ...`` if state_dict/pickle/load_state_dict fails, or the
+        AssertionError: ``check_resume: ...`` if state_dict/pickle/load_state_dict fails, the state
+            names a class of the strategy's own package (at any nesting level), or the
             restored strategy's candidates, mean, sigma or generation differ from the original's
             (e.g. a random generator that is not in ``state_dict``).
     """
     check = "check_resume"
     original = _build(check, cls, seed, dim, population_size, sigma0, options)
     _run(check, original, 2)
+    package = cls.__module__.split(".")[0]
+    own = sorted(p for p in pickled_classes(_state_bytes(check, original)) if p.split(".")[0] == package)
+    if own:
+        _fail(check, f"state_dict() names {', '.join(own)} (in it or in a pickle it holds); moving or renaming "
+                     f"that code would break every saved run: keep plain data, or pickle a library's object with "
+                     f"your own objects as persistent ids (strategies.cma_es.dumps_es)")
     for round_ in (1, 2):
         state = _call(check, "state_dict() read back as a checkpoint is (plain data only: PlainUnpickler)",
                       lambda: plain_loads(pickle.dumps(original.state_dict(), protocol=4)))
@@ -363,7 +460,7 @@ def check_memory(cls: type[Strategy], *, dim: int = 8192, population_size: int =
 
 
 CHECKS: tuple[Callable[..., Any], ...] = (check_ask, check_seed, check_tell_shapes, check_no_mutation,
-                                          check_nan_last, check_resume, check_memory)
+                                          check_nan_last, check_resume, check_ties, check_memory)
 """Every check, in the order :func:`check_strategy` runs them (cheap and basic first)."""
 
 

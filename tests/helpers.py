@@ -63,7 +63,20 @@ def hf_target_logprobs(model, pairs) -> list:
 
 
 def wandb_history(run_dir) -> list[dict]:
-    """The history rows (``run.log`` calls) of every offline W&B run under ``run_dir``, in order.
+    """The history rows (``run.log`` calls) of every offline W&B run under ``run_dir``, in order."""
+    import json
+
+    return [{it.key or "/".join(it.nested_key): json.loads(it.value_json) for it in record.history.item}
+            for record in wandb_records(run_dir) if record.WhichOneof("record_type") == "history"]
+
+
+def wandb_exit_codes(run_dir) -> list[int]:
+    """The exit codes (``run.finish(exit_code=)``) of every offline W&B run under ``run_dir``, in order."""
+    return [record.exit.exit_code for record in wandb_records(run_dir) if record.WhichOneof("record_type") == "exit"]
+
+
+def wandb_records(run_dir) -> list:
+    """The records (``wandb_internal_pb2.Record``) of every offline W&B run under ``run_dir``, in order.
 
     wandb 0.31 has no Python reader of its ``run-<id>.wandb`` files (the Go core writes them), so this reads
     the container itself: a 7-byte header (``:W&B``, magic, version) then LevelDB's log format (32 KiB blocks
@@ -71,13 +84,12 @@ def wandb_history(run_dir) -> list[dict]:
     tail shorter than a header is padding), each record's data a ``wandb_internal_pb2.Record`` decoded by
     wandb's own protobuf classes.
     """
-    import json
     import struct
     from pathlib import Path
 
     from wandb.proto import wandb_internal_pb2 as pb
 
-    rows = []
+    records = []
     for path in sorted(Path(run_dir).rglob("run-*.wandb")):
         data, i, pending = path.read_bytes(), 7, b""
         assert data[:4] == b":W&B", f"{path}: not a W&B transaction log"
@@ -91,7 +103,5 @@ def wandb_history(run_dir) -> list[dict]:
                 record = pb.Record()
                 record.ParseFromString(pending)
                 pending = b""
-                if record.WhichOneof("record_type") == "history":
-                    rows.append({it.key or "/".join(it.nested_key): json.loads(it.value_json)
-                                 for it in record.history.item})
-    return rows
+                records.append(record)
+    return records

@@ -246,6 +246,32 @@ def test_strategy_options_checked_before_sft():
             check_strategy_options(cls, train_cfg(bad).strategy, 0)
 
 
+@pytest.mark.parametrize("strategy, population, expect", [
+    ("lra_cma", 3, "strategy.population_size=3: LRACMAES rejects it (strategy.population_size must be >= 4 for "
+                   "strategy=lra_cma (got 3); cmaes needs at least two positive weights); e.g. strategy.population_size=4"),
+    ("openai_es", 15, "strategy.population_size=15: OpenAIES rejects it (strategy.population_size must be even for "
+                      "strategy=openai_es (got 15): candidates come in mirrored pairs +eps, -eps); e.g. "
+                      "strategy.population_size=16"),
+])
+def test_population_size_error_is_one_line_without_the_options(strategy, population, expect):
+    """Issue 40: the error named strategy.options={...} first although the options were fine (main's
+    check_strategy_options now names the field; this pins it, and the strategy.name path too)."""
+    from engine.config import ConfigError
+    from engine.search import check_strategy_options
+    from engine.search.plugins import check_strategy_choice
+    from strategies import get_strategy
+
+    cfg = train_cfg(f"strategy={strategy}", f"strategy.population_size={population}")
+    with pytest.raises(ConfigError) as e:
+        check_strategy_options(get_strategy(strategy), cfg.strategy, 0)
+    assert str(e.value) == expect
+    cfg = train_cfg(f"strategy.name={strategy}", f"strategy.population_size={population}", "strategy.options={}")
+    cfg.strategy.options = {"ties": "average"} if strategy == "lra_cma" else {"optimizer": "sgd"}
+    with pytest.raises(ConfigError) as e:  # picked by strategy.name on top of another group option
+        check_strategy_choice(cfg.strategy, 0, "essa")
+    assert str(e.value) == expect
+
+
 @pytest.mark.parametrize("argv, expect", [
     (["strategy.population_size=abc"], "strategy.population_size=abc"),
     (["strategy.popsize=4"], "strategy.popsize: no such field"),

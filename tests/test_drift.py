@@ -126,3 +126,36 @@ def test_report_draws_the_drift_figure_from_eval_directories(tmp_path):
     pts = sorted(drift_points(run, "ev"))
     assert [round(x, 3) for x, _, _ in pts] == [0.03, 0.05] and [y for _, y, _ in pts] == [0.3, 0.28]
     assert "drift" in build_figures([run])
+
+
+class _Sampler:
+    """generate() of a back-end with a ``dtype``: one continuation per prompt, its calls counted."""
+
+    def __init__(self, dtype: str):
+        self.dtype, self.calls = dtype, 0
+
+    def generate(self, prompts, adapters, sampling, use_tqdm=False):
+        from engine.backends import Completion
+
+        self.calls += 1
+        return [[Completion("x", 2, token_ids=[7, 8])] for _ in prompts]
+
+
+def test_drift_cache_key_holds_the_dtype_and_the_sampling(tmp_path, monkeypatch):
+    """Issue 40: a bf16 and a float32 run shared one cache entry of the reference's continuations (the key
+    had neither the dtype nor the sampling settings). Each distinct setting samples anew; a repeat hits."""
+    from types import SimpleNamespace
+
+    import engine.commands.eval_drift as eval_drift
+
+    monkeypatch.setenv("ESSA_CACHE", str(tmp_path))
+    monkeypatch.setattr(eval_drift, "set_prompts", lambda name, n, tok: (["p1", "p2"], [[1, 2], [3]]))
+    cfg = SimpleNamespace(drift=SimpleNamespace(prompts=2, max_tokens=8, seed=0))
+    calls = []
+    for dtype in ("bfloat16", "float32", "float32"):
+        backend = _Sampler(dtype)
+        eval_drift.continuations(backend, "sft", None, "svamp", cfg, None, "/models/m")
+        calls.append(backend.calls)
+    assert calls == [1, 1, 0]  # bf16 sampled, float32 sampled (not bf16's), float32 again from the cache
+    keys = [path.read_text() for path in (tmp_path / "drift").glob("*.json")]
+    assert len(keys) == 2 and all('"temperature": 1.0' in k and '"top_p": 1.0' in k for k in keys)

@@ -203,6 +203,32 @@ def test_interrupt_keeps_the_last_generations_checkpoint(fake_run, engine_dies, 
     assert ev.closed
 
 
+@pytest.mark.parametrize("ending", ["finished", "failed", "ctrl-c"])
+def test_mlflow_shows_how_essa_train_ended(fake_run, monkeypatch, ending):
+    """A run that raises after the tracker started is FAILED in MLflow, one stopped by Ctrl-C KILLED (real
+    MLflow client, file store in the run directory)."""
+    import mlflow
+    from omegaconf import OmegaConf
+
+    from engine.commands.train import run_train
+
+    build, run_dir = fake_run
+    cfg, made = build(interrupt_at=1 if ending == "ctrl-c" else -1)
+    cfg = OmegaConf.merge(cfg, {"logger": {"name": "mlflow"}, "report": False})
+    if ending == "failed":
+        monkeypatch.setattr(FakeEvaluator, "score", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("scoring broke")))
+    with interrupts.handling():
+        if ending == "finished":
+            run_train(cfg, run_dir)
+        else:
+            with pytest.raises(KeyboardInterrupt if ending == "ctrl-c" else RuntimeError):
+                run_train(cfg, run_dir)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file:{run_dir / 'mlruns'}")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    runs = mlflow.search_runs(experiment_names=["essa"], output_format="list")
+    assert [r.info.status for r in runs] == [{"finished": "FINISHED", "failed": "FAILED", "ctrl-c": "KILLED"}[ending]]
+
+
 def test_interrupt_before_the_first_generation_finished_has_nothing_to_resume(fake_run, capsys):
     from engine.commands.train import run_train
 
@@ -264,7 +290,19 @@ def test_resume_redoes_the_validation_the_interrupt_cut_short(fake_run, monkeypa
     assert calls[1] == ["g0c5"]  # redone first, on the mean genome checkpointed after generation 0 (P = 4)
 
 
-def test_a_version_1_checkpoint_resumes_exactly(fake_run):
+@pytest.fixture(params=["as written", "strategies.cma_es moved"])
+def cma_es_moved(request, monkeypatch):
+    """With "strategies.cma_es moved", the path ``strategies.cma_es`` holds none of its classes (as after a
+    move or rename of the module): a checkpoint resolves them only through explicit maps of old paths."""
+    if request.param != "as written":
+        import sys
+        import types
+
+        monkeypatch.setitem(sys.modules, "strategies.cma_es", types.ModuleType("strategies.cma_es"))
+    return request.param
+
+
+def test_a_version_1_checkpoint_resumes_exactly(fake_run, cma_es_moved):
     """A run checkpointed by the code before the restructuring (tests/fixtures/checkpoint_v1: version 1,
     ``RunState`` pickled under its old class path ``engine.loop.RunState``, 1 generation) resumes on
     today's code, which continues from generation 1 and reproduces the uninterrupted old run (3
@@ -293,6 +331,68 @@ def test_a_version_1_checkpoint_resumes_exactly(fake_run):
     ckpt = io.read_pickle(run_dir / "checkpoint.pkl")
     assert ckpt["version"] == CHECKPOINT_VERSION == 2 and ckpt["run_state"]["generation"] == 2
     assert isinstance(ckpt["run_state"], dict)  # plain data now: no class path to move
+    from strategies.testing import pickled_classes
+    names = pickled_classes((run_dir / "checkpoint.pkl").read_bytes())  # pycma's nested pickle included
+    assert "cma.evolution_strategy.CMAEvolutionStrategy" in names
+    assert not [n for n in names if n.split(".")[0] in ("strategies", "engine", "rewards")], names
+
+
+def test_an_unknown_checkpoint_version_lists_the_versions_this_build_reads(tmp_path):
+    from engine import io
+    from engine.commands.train_checkpoint import read_checkpoint
+
+    io.write_pickle(tmp_path / "checkpoint.pkl", {"version": 3})
+    with pytest.raises(ValueError) as e:
+        read_checkpoint(tmp_path)
+    assert str(e.value) == (f"resume: {tmp_path / 'checkpoint.pkl'} has checkpoint version 3, this essa reads "
+                            "versions 1, 2; resume it with the essa that wrote it, or start afresh without resume")
+
+
+def test_metrics_count_the_answer_checks_that_timed_out(fake_run, monkeypatch):
+    """Issue 40: how many verdicts of a generation were timeouts (reward.timeout_s) is a metrics column."""
+    from engine import io
+    from engine.commands.train import run_train
+
+    real = FakeEvaluator.evaluate
+
+    def some_timeouts(self, genomes, problems, generation, *args, **kwargs):
+        result = real(self, genomes, problems, generation, *args, **kwargs)
+        result.rollouts["status"][:generation] = ["timeout"] * generation  # generation g: g timeouts
+        return result
+
+    monkeypatch.setattr(FakeEvaluator, "evaluate", some_timeouts)
+    build, run_dir = fake_run
+    cfg, _ = build(interrupt_at=-1)
+    cfg.report = False
+    run_train(cfg, run_dir)
+    assert [r["n_timeouts"] for r in io.read_rows(run_dir / "metrics.parquet")] == [0, 1, 2]
+
+
+def test_tied_generations_leave_the_mean_where_it_is(fake_run, monkeypatch):
+    """Fitness 0 for every candidate in every generation (issue 40: the lra_cma mean reached norm 3.78 in three
+    such generations): the mean stays at genome zero, strategy.mean_decay does not move it either, and the
+    metrics say all_tied."""
+    from omegaconf import OmegaConf
+
+    from engine import io
+    from engine.commands.train import run_train
+
+    real = FakeEvaluator.evaluate
+
+    def all_zero(self, genomes, *args, **kwargs):
+        result = real(self, genomes, *args, **kwargs)
+        result.fitness[:] = 0.0
+        return result
+
+    monkeypatch.setattr(FakeEvaluator, "evaluate", all_zero)
+    build, run_dir = fake_run
+    cfg, _ = build(interrupt_at=-1)
+    cfg = OmegaConf.merge(cfg, {"strategy": {"name": "lra_cma", "mean_decay": 0.3}, "report": False})
+    cfg.strategy.options = {}  # a merge keeps cma_es's options
+    run_train(cfg, run_dir)
+    rows = io.read_rows(run_dir / "metrics.parquet")
+    assert [(r["all_tied"], r["mean_norm"]) for r in rows] == [(True, 0.0)] * 3
+    assert len({r["sigma"] for r in rows}) == 1
 
 
 def test_mean_decay_and_adaptive_prompts_resume_exactly(fake_run, monkeypatch, tmp_path):

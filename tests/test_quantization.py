@@ -35,11 +35,14 @@ CPU_CLASSES = {
 }
 
 
-def expected_refusal(name: str, amx: bool, dtype: str) -> str | None:
-    """What :func:`engine.model.check_quantization` must say on a CPU with or without AMX when vLLM runs
-    ``dtype``: None (served) or the start of its one-line refusal."""
+def expected_refusal(name: str, amx: bool, dtype: str, wna16: bool = True) -> str | None:
+    """What :func:`engine.model.check_quantization` must say on a CPU with or without AMX, whose vLLM kernel
+    library has the W4A16 GEMM or not (``wna16``), when vLLM runs ``dtype``: None (served) or the start of its
+    one-line refusal."""
     if name == "int8" and not amx:
         return "model.quantization=int8: vLLM 0.32's CPU INT8 kernel without AMX"
+    if name == "int4" and not wna16:
+        return "model.quantization=int4: the vLLM CPU kernels this CPU loads have no W4A16 GEMM (cpu_gemm_wna16"
     if name == "int4" and dtype == "float32":
         return "model.quantization=int4 with model.dtype resolving to float32"
     return None
@@ -122,23 +125,27 @@ def test_quantize_embedded_model(quantized, float_model):
     assert q_logits.argmax() == f_logits.argmax()
 
 
-@pytest.mark.parametrize("quantization, gpu, amx, error", [
-    (None, False, False, None),                     # float: always served
-    ("int8", False, True, None),                    # CPU with AMX: the AMX int8 GEMM keeps the weight
-    ("int4", False, True, None),                    # CPU WNA16 kernel
-    ("int4", False, False, None),                   # ... with or without AMX
-    ("int8", False, False, "use model.quantization=int4"),  # CPU without AMX: oneDNN path drops layer.weight
-    ("int8", True, False, None),                    # GPU: CUTLASS / Marlin kernels
-    ("int3", False, True, "use int8 (W8A8), int4 (W4A16) or null"),  # unknown value
+@pytest.mark.parametrize("quantization, gpu, amx, wna16, error", [
+    (None, False, False, True, None),                     # float: always served
+    ("int8", False, True, True, None),                    # CPU with AMX: the AMX int8 GEMM keeps the weight
+    ("int4", False, True, True, None),                    # CPU WNA16 kernel
+    ("int4", False, False, True, None),                   # ... with or without AMX
+    ("int8", False, False, True, "use model.quantization=int4"),  # CPU without AMX: oneDNN path drops layer.weight
+    ("int8", True, False, True, None),                    # GPU: CUTLASS / Marlin kernels
+    ("int3", False, True, True, "use int8 (W8A8), int4 (W4A16) or null"),  # unknown value
+    # issue 40: vLLM's _C_AVX2 (no AVX-512) has no cpu_gemm_wna16; the engine died at its first request
+    ("int4", False, False, False, "have no W4A16 GEMM (cpu_gemm_wna16; _C_AVX2, for CPUs without AVX-512, lacks "
+                                  "it), so the engine would die at its first request; use model.quantization=null"),
+    ("int8", False, False, False, "use model.quantization=null on this CPU"),  # never int4 where it is refused too
 ])
-def test_check_quantization(quantization, gpu, amx, error):
+def test_check_quantization(quantization, gpu, amx, wna16, error):
     from engine.model import check_quantization
 
     if error is None:
-        check_quantization(quantization, gpu=gpu, amx=amx)
+        check_quantization(quantization, gpu=gpu, amx=amx, wna16=wna16)
     else:
         with pytest.raises(ValueError) as e:
-            check_quantization(quantization, gpu=gpu, amx=amx)
+            check_quantization(quantization, gpu=gpu, amx=amx, wna16=wna16)
         assert error in str(e.value) and "\n" not in str(e.value) and str(e.value).startswith("model.quantization=")
 
 
@@ -151,10 +158,10 @@ def test_int4_in_float32_is_refused_on_cpu(dtype, error, absent):
     from engine.model import check_quantization
 
     if error is None:
-        check_quantization("int4", gpu=False, amx=False, dtype=dtype)
+        check_quantization("int4", gpu=False, amx=False, dtype=dtype, wna16=True)
         return
     with pytest.raises(ValueError) as e:
-        check_quantization("int4", gpu=False, amx=True, dtype=dtype)
+        check_quantization("int4", gpu=False, amx=True, dtype=dtype, wna16=True)
     assert error in str(e.value) and "\n" not in str(e.value)
     check_quantization("int4", gpu=True, amx=False, dtype=dtype)  # GPUs: Marlin/Machete, any dtype
 
@@ -165,8 +172,8 @@ def test_int4_in_float32_is_refused_on_cpu(dtype, error, absent):
     ("AMX", "bfloat16", "served", "served"),
     ("AVX512-BF16, no AMX", "auto", "refused+int4", "served"),       # AMD EPYC Zen 4: auto picks bfloat16
     ("AVX512-BF16, no AMX", "bfloat16", "refused+int4", "served"),
-    ("AVX2", "auto", "refused", "refused"),                         # auto picks float32: no int4 either
-    ("AVX2", "bfloat16", "refused+int4", "served"),                 # int4 in (emulated) bf16
+    ("AVX2", "auto", "refused", "refused"),                         # _C_AVX2 has no W4A16 GEMM (issue 40)
+    ("AVX2", "bfloat16", "refused", "refused"),                     # ... in any dtype
 ])
 def test_refusals_per_cpu_class(cpu_class, requested, int8, int4):
     """Every CPU class, simulated by its flags (engine.hardware.CPUInfo; AMX as vLLM's kernels see it), gets
@@ -174,25 +181,63 @@ def test_refusals_per_cpu_class(cpu_class, requested, int8, int4):
     from engine.hardware import CPUInfo, DeviceInfo, resolve_dtype
     from engine.model import check_quantization
 
+    from engine import hardware
+
     cpu = CPUInfo(model=cpu_class, flags=frozenset(CPU_CLASSES[cpu_class].split()), cores=2)
     dtype, _ = resolve_dtype(requested, DeviceInfo(cpu=cpu), log_choice=False)
     amx = "amx_tile" in cpu.flags
+    kernels = hardware.kernel_library("avx512f" in cpu.flags, "avx512_bf16" in cpu.flags)
+    wna16 = kernels != "_C_AVX2"  # measured: only _C_AVX2 lacks cpu_gemm_wna16 (test_kernel_libraries_ops)
     for name, outcome in (("int8", int8), ("int4", int4)):
-        assert (expected_refusal(name, amx, dtype) is None) == (outcome == "served"), (name, dtype)
+        assert (expected_refusal(name, amx, dtype, wna16) is None) == (outcome == "served"), (name, dtype)
         if outcome == "served":
-            check_quantization(name, gpu=False, amx=amx, dtype=dtype)
+            check_quantization(name, gpu=False, amx=amx, dtype=dtype, wna16=wna16)
             continue
         with pytest.raises(ValueError) as e:
-            check_quantization(name, gpu=False, amx=amx, dtype=dtype)
+            check_quantization(name, gpu=False, amx=amx, dtype=dtype, wna16=wna16)
         msg = str(e.value)
-        assert msg.startswith(expected_refusal(name, amx, dtype)) and "\n" not in msg
+        assert msg.startswith(expected_refusal(name, amx, dtype, wna16)) and "\n" not in msg
         if name == "int8":  # its alternative: int4 only where int4 is served too
             assert ("int4" in msg.split("; use ")[-1]) == outcome.endswith("+int4"), msg
 
 
+def test_kernel_libraries_ops():
+    """The installed vLLM's kernel libraries, read by loading each: only _C_AVX2 lacks the W4A16 GEMM; and the
+    library a process loads follows the ISA cap (the AVX2 emulation loads _C_AVX2, as an AVX2 CPU does)."""
+    from engine import hardware
+
+    assert {lib: hardware.kernel_has_op(lib, "cpu_gemm_wna16") for lib in hardware.KERNEL_LIBRARIES} == \
+        {"_C": True, "_C_AVX512": True, "_C_AVX2": False}
+    assert hardware.capped_isa(True, True, {}) == (True, True)
+    assert hardware.capped_isa(True, True, {"ONEDNN_MAX_CPU_ISA": "AVX2"}) == (False, False)
+    assert hardware.capped_isa(True, True, {"ATEN_CPU_CAPABILITY": "avx2"}) == (False, False)
+    assert hardware.capped_isa(True, True, {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}) == (True, False)
+    assert hardware.capped_isa(False, False, {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}) == (False, False)
+    assert [hardware.kernel_library(*isa) for isa in ((True, True), (True, False), (False, False))] == \
+        ["_C", "_C_AVX512", "_C_AVX2"]
+
+
+AVX2_EMULATION = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+"""The README's capping that emulates an AVX2-only CPU on an AVX-512 one."""
+
+
+@pytest.mark.parametrize("dtype", ["auto", "bfloat16"])
+def test_int4_on_the_avx2_kernels_stops_at_start_in_one_line(dtype, tmp_path):
+    """Issue 40: on an AVX2-only CPU int4 was accepted (bf16, emulated), the engine started and died at its first
+    request. Under the AVX2 emulation it is refused before the warm start, in one line, in any dtype."""
+    import os
+
+    r = subprocess.run([sys.executable, "-m", "engine.cli", "train", "model.quantization=int4", f"model.dtype={dtype}",
+                        "+experiment=tiny", f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO, capture_output=True,
+                       text=True, timeout=300, env={**os.environ, **AVX2_EMULATION})
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("essa: error:")]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
+    assert lines[0].startswith("essa: error: " + expected_refusal("int4", False, dtype, wna16=False))
+    assert "warm start" not in r.stdout + r.stderr and "vLLM engine up" not in r.stdout + r.stderr
+
+
 @pytest.mark.parametrize("argv, env", [
     (["train", "model.quantization=int4", "model.dtype=float32", "+experiment=tiny"], {}),
-    (["train", "model.quantization=int4", "+experiment=tiny"], {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}),
     (["bench", "populations=[4]", "phases_population=4", "prompts_per_candidate=8", "max_tokens=48",
       "naive.enabled=false", "model.quantization=int4", "model.dtype=float32"], {}),
     (["eval", "model.quantization=int4", "model.dtype=float32", "limit=1"], {}),
@@ -271,15 +316,18 @@ def test_lora_on_quantized_base(name, float_model, tmp_path):
     from engine.hardware import resolve_dtype
     from engine.model import check_quantization, quantize_model
 
+    from engine import hardware
+
     auto, _ = resolve_dtype("auto", log_choice=False)
     amx = bool(torch.cpu._is_amx_tile_supported())  # what vLLM's CPU kernels (and the check) read
-    refusal = expected_refusal(name, amx, auto)
+    wna16 = hardware.kernel_has_op(hardware.this_kernel_library(), "cpu_gemm_wna16")  # _C_AVX2 (an AVX2 CPU, or capped)
+    refusal = expected_refusal(name, amx, auto, wna16)
     if refusal is not None:  # the documented refusal on this CPU, then the precision where it is served
         with pytest.raises(ValueError) as e:
             check_quantization(name, dtype=auto)
         assert str(e.value).startswith(refusal) and "\n" not in str(e.value)
-        if name == "int8":
-            return  # int8 without AMX: no dtype serves it
+        if name == "int8" or not wna16:
+            return  # int8 without AMX, int4 without the W4A16 GEMM: no dtype serves it
     dtype = "bfloat16" if auto == "float32" else auto  # int4: bf16 where auto picks float32 (emulated there)
     check_quantization(name, dtype=dtype)
     qdir = quantize_model(float_model, tmp_path / name, name)

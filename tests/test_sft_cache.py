@@ -105,3 +105,31 @@ def test_unknown_target_module_names_the_field_and_the_models_layers():
         check_target_modules(model, ["q_proj", "qkv", "_proj"])
     msg = str(e.value)
     assert msg.startswith("lora.target_modules: ['qkv', '_proj']") and "['q_proj', 'v_proj']" in msg and "\n" not in msg
+
+
+QUIET_SFT = """
+import sys, types
+from pathlib import Path
+import engine.lora.sft as sft
+from engine.model import resolve_model_path
+from engine.tasks import Problem
+
+cfg = types.SimpleNamespace(enabled=True, max_steps=2, batch_size=1, lr=1e-4, max_length=64, seed=0, cache=False)
+lora = types.SimpleNamespace(rank=2, alpha=4, target_modules=["q_proj"])
+problems = [Problem(f"t/{i}", f"{i} + 1?", str(i + 1), solution=f"{i} + 1 = {i + 1}") for i in range(4)]
+sft._train(resolve_model_path("embedded:smollm2-135m-instruct"), problems, cfg, lora, "Answer.", Path(sys.argv[1]))
+"""
+
+
+@pytest.mark.integration
+def test_a_redirected_warm_start_log_holds_no_progress_bars(tmp_path):
+    """Issue 40: `make run > log` held TRL's SFT progress bars (tqdm's carriage-return frames) and datasets'
+    tokenizing bars. With stderr not a terminal the real warm start (2 steps, the embedded model) writes none."""
+    log_path = tmp_path / "stderr.log"
+    with open(log_path, "w") as err:
+        proc = subprocess.run([sys.executable, "-c", QUIET_SFT, str(tmp_path / "adapter")], cwd=REPO, stderr=err,
+                              stdout=subprocess.DEVNULL, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
+    text = log_path.read_text()
+    assert proc.returncode == 0, text[-2000:]
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").exists()
+    assert "it/s]" not in text and "s/it]" not in text and "%|" not in text, text[-2000:]

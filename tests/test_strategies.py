@@ -309,9 +309,13 @@ def test_openai_es_defaults_and_weight_decay():
     sgd = OpenAIES(dim=D, x0=None, seed=0, population_size=16, sigma0=0.3)
     assert sgd.lr == pytest.approx(0.09 / (2 * RANK_SIGNAL)) and 0.15 < sgd.lr < 0.17
     assert OpenAIES(dim=D, x0=None, seed=0, population_size=16, sigma0=0.3, optimizer="adam").lr == pytest.approx(0.15)
-    strategy = OpenAIES(dim=D, x0=np.ones(D), seed=0, population_size=P, sigma0=0.3, lr=0.1, weight_decay=0.5)
-    strategy.tell(strategy.ask(), np.full(P, 0.25))  # all tied: no signal, only the decay toward 0 (the SFT adapter)
-    assert np.allclose(strategy.mean, 1.0 - 0.1 * 0.5)
+    decayed, plain = (OpenAIES(dim=D, x0=np.ones(D), seed=0, population_size=P, sigma0=0.3, lr=0.1, weight_decay=wd)
+                      for wd in (0.5, 0.0))
+    genomes = decayed.ask()
+    assert np.array_equal(genomes, plain.ask())
+    for strategy in (decayed, plain):
+        strategy.tell(genomes, sphere(genomes))
+    assert np.allclose(decayed.mean - plain.mean, -0.1 * 0.5 * np.ones(D))  # the decay toward 0 (the SFT adapter)
 
 
 def test_openai_es_adam_state_resumes_and_must_match():

@@ -10,7 +10,7 @@ import pytest
 from strategies import REGISTRY, Strategy
 from strategies.openai_es import centred_ranks
 from strategies.testing import (CHECKS, check_ask, check_memory, check_nan_last, check_no_mutation, check_resume,
-                                check_seed, check_strategy, format_memory)
+                                check_seed, check_strategy, check_ties, format_memory)
 
 PLUGIN_DIR = Path(__file__).parent / "plugin_example"
 
@@ -115,6 +115,43 @@ class SortsFitness(MeanOfBetterHalf):
         super().tell(genomes, fitness)
 
 
+class BreaksTiesByOrder(MeanOfBetterHalf):
+    """(f) a fully tied generation still moves it: ties broken by the ask order."""
+
+    def tell(self, genomes, fitness):
+        if np.all(fitness == fitness[0]):
+            fitness = fitness + 1e-9 * np.arange(len(fitness))
+        super().tell(genomes, fitness)
+
+
+class WeighsByValue(MeanOfBetterHalf):
+    """(f') weights candidates by their fitness values, not their ranks (softmax)."""
+
+    def _tell(self, genomes, fitness):
+        w = np.exp(fitness - fitness.max())
+        self._mean = w @ genomes / w.sum()
+
+
+class _Box:
+    """A project class (this test module's) that PicklesOwnClass hides in its state's bytes."""
+
+    def __init__(self, mean):
+        self.mean = mean
+
+
+class PicklesOwnClass(MeanOfBetterHalf):
+    """(g) its state holds a pickle naming its own package's class (as pycma's pickle once held
+    strategies.cma_es._GeneratorRandn): moving that module would break every checkpoint."""
+
+    def _state_dict(self):
+        import pickle
+        return {"box": pickle.dumps(_Box(self._mean.copy()))}
+
+    def _load_state_dict(self, state):
+        import pickle
+        self._mean = pickle.loads(state["box"]).mean
+
+
 BROKEN = [
     (UsesGlobalRandom, check_seed, "global random state|asked different candidates"),
     (UnseededGenerator, check_seed, "asked different candidates"),
@@ -124,6 +161,9 @@ BROKEN = [
     (WrongShapeOverride, check_ask, "ask\\(\\) returned shape \\(8, 7\\) dtype float64, expected \\(8, 8\\) float64"),
     (WritesIntoGenomes, check_no_mutation, "tell\\(\\) changed the genomes"),
     (SortsFitness, check_no_mutation, "tell\\(\\) changed the fitness"),
+    (BreaksTiesByOrder, check_ties, "a fully tied tell moved the mean"),
+    (WeighsByValue, check_ties, "a partly tied tell moved the strategy by more than the ranks"),
+    (PicklesOwnClass, check_resume, "state_dict\\(\\) names .*_Box .*moving or renaming"),
 ]
 
 

@@ -11,7 +11,7 @@ import pytest
 from engine import io
 from engine.config import ConfigError, LoggerConfig, check_logger
 from engine.results.run_files import MetricsLog, ValidationLog, final_summary
-from engine.results.trackers import SafeTracker, Tracker, flatten, make_tracker, scalars, wandb_mode
+from engine.results.trackers import SafeTracker, Tracker, end_status, flatten, make_tracker, scalars, wandb_mode
 from engine.tasks import Problem
 
 
@@ -100,6 +100,69 @@ def test_wandb_offline_history_holds_the_series(tmp_path, png, monkeypatch):
     assert any(r.get("report/figure/_type") == "image-file" for r in rows)
 
 
+ENDINGS = [(None, "FINISHED", 0), (RuntimeError("engine died"), "FAILED", 1), (KeyboardInterrupt(), "KILLED", 130)]
+"""How a run ends -> (MLflow status, W&B exit code): returned, raised, Ctrl-C."""
+
+
+def end(tmp_path, name: str, exc):
+    """Open the real tracker ``name`` in ``tmp_path``, log one row and close it as a run ending with ``exc``."""
+    from engine import interrupts
+
+    interrupts.reset()
+    tracker = make_tracker(logger_cfg(name, run_name="r1"), tmp_path, {"seed": 0})
+    tracker.log_metrics({"fitness_mean": 0.5}, 0)
+    tracker.close(*end_status(exc))
+
+
+@pytest.mark.parametrize("exc,status,code", ENDINGS, ids=["returned", "raised", "ctrl-c"])
+def test_mlflow_records_a_failed_or_interrupted_run_as_such(tmp_path, monkeypatch, exc, status, code):
+    import mlflow
+
+    end(tmp_path, "mlflow", exc)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file:{tmp_path / 'mlruns'}")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    runs = mlflow.search_runs(experiment_names=["essa"], output_format="list")
+    assert [r.info.status for r in runs] == [status]
+
+
+@pytest.mark.parametrize("exc,status,code", ENDINGS, ids=["returned", "raised", "ctrl-c"])
+def test_wandb_records_the_exit_code(tmp_path, monkeypatch, exc, status, code):
+    import wandb
+
+    from tests.helpers import wandb_exit_codes
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    end(tmp_path, "wandb", exc)
+    wandb.teardown()
+    assert wandb_exit_codes(tmp_path / "wandb") == [code]
+
+
+@pytest.mark.parametrize("exc,status,code", ENDINGS, ids=["returned", "raised", "ctrl-c"])
+def test_tensorboard_records_how_the_run_ended(tmp_path, exc, status, code):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util.tensor_util import make_ndarray
+
+    end(tmp_path, "tensorboard", exc)
+    ea = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0})
+    ea.Reload()
+    [event] = ea.Tensors("status/text_summary")
+    assert make_ndarray(event.tensor_proto).item().decode() == f"{status} (exit code {code})"
+
+
+def test_an_error_after_ctrl_c_ends_killed_and_sigterm_gives_143():
+    import signal
+
+    from engine import interrupts
+
+    interrupts.reset()
+    assert end_status(SystemExit(0)) == ("FINISHED", 0) and end_status(ValueError()) == ("FAILED", 1)
+    interrupts._count, interrupts._last = 1, signal.SIGTERM  # what the handler records for a SIGTERM
+    try:
+        assert end_status(RuntimeError("EngineDeadError")) == ("KILLED", 143)
+    finally:
+        interrupts.reset()
+
+
 def test_wandb_mode_prefers_the_setting_then_the_environment_then_offline(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc: no API key
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
@@ -126,7 +189,7 @@ class Failing(Tracker):
 
     log_validation = log_summary = log_images = log_config = lambda self, *a: Failing.log_metrics(self, {}, 0)
 
-    def close(self):
+    def close(self, status="FINISHED", exit_code=0):
         self.closed += 1
 
 

@@ -97,15 +97,22 @@ def set_prompts(name: str, n: int, tokenizer) -> tuple[list[str], list[list[int]
 
 
 def continuations(backend, ref_name: str, ref_path: Path | None, set_name: str, cfg, tokenizer, model_path):
-    """The reference's continuations on one set, from the drift cache or sampled now (and cached)."""
-    from engine.evaluation.drift import Continuations, sample_continuations
+    """The reference's continuations on one set, from the drift cache or sampled now (and cached).
+
+    The cache key holds what decides them: the model (its path: a quantized copy has its own), the
+    engine's dtype (bf16 and float32 sample other tokens), the reference adapter's bytes, the prompts and
+    every sampling setting (:func:`engine.evaluation.drift.reference_sampling`)."""
+    import dataclasses
+
+    from engine.evaluation.drift import Continuations, reference_sampling, sample_continuations
     from engine.evaluation.validation import cached_json
     from engine.model import cache_dir
 
     texts, ids = set_prompts(set_name, cfg.drift.prompts, tokenizer)
     ref = None if ref_path is None else AdapterRef(f"drift-{ref_name}", lora_int_id(-1, 900), str(ref_path))
-    key = {"model": model_path, "reference": _adapter_digest(ref_path), "set": set_name, "prompts": ids,
-           "max_tokens": cfg.drift.max_tokens, "seed": cfg.drift.seed}
+    key = {"model": model_path, "dtype": str(backend.dtype), "reference": _adapter_digest(ref_path),
+           "set": set_name, "prompts": ids,
+           "sampling": dataclasses.asdict(reference_sampling(cfg.drift.max_tokens, cfg.drift.seed))}
 
     def sample() -> dict:
         s = sample_continuations(backend, ids, texts, ref, cfg.drift.max_tokens, cfg.drift.seed)

@@ -90,6 +90,7 @@ from engine import io
 from engine.commands.grpo_config import auto_micro_batch, check_generation_batch, method_name, validate
 from engine.config import ConfigError
 from engine.results.run_files import MetricsLog, ValidationLog, clock_from, final_summary, run_metadata
+from engine.results.trackers import end_status
 
 log = logging.getLogger("essa.grpo")
 
@@ -253,9 +254,9 @@ def main(cfg, run_dir: str | Path) -> dict:
         build_trainer(job)
         run_log = start_log(job)
         step, adapter = train(job, run_log)
-    except BaseException:
+    except BaseException as exc:
         if job.tracker is not None:
-            job.tracker.close()
+            job.tracker.close(*end_status(exc))  # FAILED, or KILLED by Ctrl-C
         raise
     finally:
         job.close()

@@ -31,6 +31,7 @@ from engine.commands.train_config import validate
 from engine.commands.train_schedule import (condition_price_s, deadline_allows, fits_deadline, generation_sampling,
                                             periodic_validation_due, periodic_validation_fits, sampled_pass_s)
 from engine.results.run_files import MetricsLog, ValidationLog, final_summary, run_metadata, truncate_run_logs
+from engine.results.trackers import end_status
 from engine.search.budget import next_prompts
 from engine.tasks import Task, minibatch
 
@@ -119,9 +120,11 @@ def run_train(cfg, run_dir: str | Path) -> dict:
             generation); one line on stderr says how to resume, or that nothing can be resumed.
     """
     progress = _Progress()
+    ended: BaseException | None = None
     try:
         return _run_train(cfg, run_dir, progress)
     except BaseException as exc:
+        ended = exc
         if is_no_space(exc) and progress.run_dir is not None:
             _close_evaluator(progress)
             raise io.NoSpaceError(f"no space left on the device while writing (under {progress.run_dir} or engine.adapter_dir): "
@@ -134,8 +137,8 @@ def run_train(cfg, run_dir: str | Path) -> dict:
             raise
         raise KeyboardInterrupt(f"interrupted ({type(exc).__name__} after Ctrl-C)") from exc
     finally:
-        if progress.tracker is not None:
-            progress.tracker.close()
+        if progress.tracker is not None:  # FAILED / KILLED in the tracker (a finished run closed it already)
+            progress.tracker.close(*end_status(ended))
 
 
 def _close_evaluator(progress: _Progress) -> None:
@@ -479,7 +482,8 @@ def generation(run: TrainRun, g: int):
     elif np.isfinite(fit).any():
         r = cfg.rollout
         strategy.tell(genomes, shaped_fitness(result, P, r.aggregate, r.dense, r.dense_weight))
-        strategy.shrink_mean(1.0 - cfg.strategy.mean_decay)
+        if not strategy.tied:  # a fully tied generation leaves the mean where it is (strategies/base.py)
+            strategy.shrink_mean(1.0 - cfg.strategy.mean_decay)
         _keep_best(run.state, genomes, fit, g)
     else:  # nothing scorable: an update would be meaningless; the next ask re-samples
         log.warning("gen %d: no candidate could be scored (all fitness NaN); strategy not updated", g)
@@ -500,9 +504,11 @@ def generation(run: TrainRun, g: int):
 
 def search_row(run: TrainRun, n_prompts: int) -> dict:
     """Where the search stands after a generation: N, the mean genome's distance from genome zero
-    (``mean_norm``, the drift), its cosine with ``oracle_genome`` when one is given."""
+    (``mean_norm``, the drift), whether the tell was fully tied and so moved nothing (``all_tied``), the
+    mean's cosine with ``oracle_genome`` when one is given."""
     mean = run.strategy.checked_mean()
-    row = {"prompts": n_prompts, "mean_norm": float(np.linalg.norm(mean - run.strategy.x0))}
+    row = {"prompts": n_prompts, "mean_norm": float(np.linalg.norm(mean - run.strategy.x0)),
+           "all_tied": bool(run.strategy.tied)}
     if run.oracle is not None:
         denom = np.linalg.norm(mean) * np.linalg.norm(run.oracle)
         row["mean_cos_oracle"] = float(mean @ run.oracle / denom) if denom > 0 else float("nan")
@@ -545,7 +551,8 @@ def _deadline_decision(run: TrainRun, g: int, result, row: dict) -> str:
 
 def generation_row(g: int, wall_s: float, result, P: int, sigma: float, t_ask: float, t_tell: float) -> dict:
     """One metrics.parquet row: fitness of the P candidates, the centre (index P, when evaluated),
-    the signal diagnostics of engine/results/stats.py, tokens and seconds per phase."""
+    the signal diagnostics of engine/results/stats.py, the answer checks that hit reward.timeout_s
+    (``n_timeouts``, completions scored NaN), tokens and seconds per phase."""
     from engine.results.stats import (one_text_share, pairwise_discordance, prompts_disagreeing,
                                       split_half_rank_correlation, variance_ratio)
 
@@ -560,7 +567,8 @@ def generation_row(g: int, wall_s: float, result, P: int, sigma: float, t_ask: f
            "prompts_disagreeing": prompts_disagreeing(rewards), "fitness_var": stat(np.nanvar),
            "pairwise_discordance": pairwise_discordance(rewards),
            "one_text_share": one_text_share(candidate_texts(result.rollouts, P, rewards.shape[1])),
-           "n_failed": int((~np.isfinite(fit)).sum()), "sigma": float(sigma),
+           "n_failed": int((~np.isfinite(fit)).sum()),
+           "n_timeouts": sum(s == "timeout" for s in result.rollouts.get("status", ())), "sigma": float(sigma),
            "tokens": result.tokens, "tokens_per_s": result.tokens / max(tm.get("generate", 0.0), 1e-9),
            "t_ask": t_ask, "t_decode": tm.get("decode", 0.0), "t_write": tm.get("write", 0.0),
            "t_generate": tm.get("generate", 0.0), "t_reward": tm.get("reward", 0.0), "t_tell": t_tell}

@@ -75,7 +75,9 @@ def read_checkpoint(run_dir: Path) -> dict:
     ckpt = io.read_pickle(path, classes={("engine.loop", "RunState"): _RunStateV1})
     version = ckpt.get("version") if isinstance(ckpt, dict) else "?"
     if version not in READABLE_VERSIONS:
-        raise ValueError(f"resume: {path} is not an essa checkpoint (version {version}); start afresh without resume")
+        raise ValueError(f"resume: {path} has checkpoint version {version}, this essa reads versions "
+                         f"{', '.join(map(str, READABLE_VERSIONS))}; resume it with the essa that wrote it, or start "
+                         "afresh without resume")
     return ckpt
 
 

@@ -34,6 +34,12 @@ class Continuations:
     tokens: list[list[int]]
 
 
+def reference_sampling(max_tokens: int, seed: int) -> Sampling:
+    """How the reference's continuations are drawn: its own distribution (temperature 1, top-p 1), one per
+    prompt, at most ``max_tokens`` tokens, request i seeded ``seed + i``, with log-probabilities."""
+    return Sampling(max_tokens=max_tokens, temperature=1.0, top_p=1.0, n=1, seed=seed, logprobs=True)
+
+
 def sample_continuations(backend, prompt_ids: Sequence[Sequence[int]], prompt_texts: Sequence[str],
                          reference: AdapterRef | None, max_tokens: int, seed: int) -> Continuations:
     """One continuation per prompt from the reference (temperature 1, top-p 1, ``max_tokens`` cap,
@@ -44,7 +50,7 @@ def sample_continuations(backend, prompt_ids: Sequence[Sequence[int]], prompt_te
         prompt_ids / prompt_texts: R prompts as token ids and as the text the engine tokenises.
         reference: the reference adapter (None = the base model).
     """
-    sampling = Sampling(max_tokens=max_tokens, temperature=1.0, top_p=1.0, n=1, seed=seed, logprobs=True)
+    sampling = reference_sampling(max_tokens, seed)
     outs = backend.generate(list(prompt_texts), [reference] * len(prompt_texts), sampling, use_tqdm=False)
     kept = [(list(p), list(o[0].token_ids)) for p, o in zip(prompt_ids, outs) if o[0].token_ids]
     return Continuations([p for p, _ in kept], [t for _, t in kept])

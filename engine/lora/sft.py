@@ -16,10 +16,12 @@ no-warm-start variant of ESSA.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -126,6 +128,27 @@ def check_target_modules(model, target_modules) -> None:
                           f"are {linear}, e.g. lora.target_modules=[q_proj,k_proj,v_proj,o_proj]")
 
 
+@contextlib.contextmanager
+def _progress_bars(enabled: bool):
+    """Within the block, the progress bars of transformers (loading weights) and HF datasets (tokenizing)
+    are on only if ``enabled``; afterwards as they were. The Trainer's own bar is ``disable_tqdm``."""
+    from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    was_on = (not are_progress_bars_disabled(), hf_logging.is_progress_bar_enabled())
+    if not enabled:
+        disable_progress_bars()
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if not enabled:
+            if was_on[0]:
+                enable_progress_bars()
+            if was_on[1]:
+                hf_logging.enable_progress_bar()
+
+
 def _train(model_path, examples, sft_cfg, lora_cfg, system_prompt, out: Path, dtype: str = "float32") -> None:
     import torch
     from peft import LoraConfig, get_peft_model
@@ -147,20 +170,22 @@ def _train(model_path, examples, sft_cfg, lora_cfg, system_prompt, out: Path, dt
     from trl import SFTConfig, SFTTrainer
 
     rows = sft_rows(examples, system_prompt)
+    bars = sys.stderr.isatty()  # progress bars for a terminal; a redirected log (make run > log) gets none
     args = SFTConfig(
         output_dir=str(out / "trainer"), max_steps=sft_cfg.max_steps, per_device_train_batch_size=sft_cfg.batch_size,
         learning_rate=sft_cfg.lr, lr_scheduler_type="constant", warmup_steps=0, max_length=sft_cfg.max_length,
         logging_steps=max(1, sft_cfg.max_steps // 10), save_strategy="no", report_to=[], seed=sft_cfg.seed,
         use_cpu=not torch.cuda.is_available(), bf16=dtype == "bfloat16",
         fp16=dtype == "float16" and torch.cuda.is_available(), dataloader_num_workers=0,
-        completion_only_loss=True, disable_tqdm=False,
+        completion_only_loss=True, disable_tqdm=not bars,
     )
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
-    check_target_modules(model, lora_cfg.target_modules)
-    t0 = time.perf_counter()
-    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
-                         processing_class=tokenizer, peft_config=peft_cfg)
-    result = trainer.train()
+    with _progress_bars(bars):
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+        check_target_modules(model, lora_cfg.target_modules)
+        t0 = time.perf_counter()
+        trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
+                             processing_class=tokenizer, peft_config=peft_cfg)
+        result = trainer.train()
     trainer.model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]

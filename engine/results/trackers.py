@@ -13,6 +13,10 @@ of any call, logs ONE warning line, closes it and ignores every later call (a Ct
   configured and api.wandb.ai answers, ``$WANDB_MODE`` or ``logger.offline`` decide otherwise; one log
   line says which and why.
 
+How the run ended goes to every tracker's close (:func:`end_status`): MLflow's run status (``FINISHED``,
+``FAILED`` on an error, ``KILLED`` on Ctrl-C or SIGTERM), W&B's exit code (0, 1, 130 / 143: a nonzero code
+marks the run failed), TensorBoard (which has no run status) a text entry ``status``.
+
 Series names: the metrics.parquet columns (``fitness_mean``, ``sigma``, ...; essa grpo's ``reward_mean``,
 ``loss``, ...) at the generation (optimiser step) of their row, ``val/<condition>`` (held-out accuracy) at
 the validation's step, ``summary/<key>`` once at the end; NaN and non-numeric values are left out.
@@ -27,6 +31,9 @@ import threading
 from pathlib import Path
 
 log = logging.getLogger("essa")
+
+STATUSES = ("FINISHED", "FAILED", "KILLED")
+"""How a run ended, in MLflow's words (``mlflow.entities.RunStatus``)."""
 
 STEP_KEYS = ("generation", "step")
 """The metrics.parquet column that is a row's step (essa train: generation, essa grpo: step)."""
@@ -59,6 +66,23 @@ def flatten(d: dict, prefix: str = "", sep: str = "/") -> dict:
     return out
 
 
+def end_status(exc: BaseException | None) -> tuple[str, int]:
+    """(status, exit code) of a run that ended with ``exc`` (None: it returned).
+
+    Returns:
+        ``("FINISHED", 0)``; ``("KILLED", 130 or 143)`` for ``KeyboardInterrupt`` or any exception after a
+        recorded SIGINT / SIGTERM (:mod:`engine.interrupts`: vLLM's ``EngineDeadError`` after Ctrl-C);
+        ``("FAILED", 1)`` for any other exception (``SystemExit`` with code 0 or None counts as finished).
+    """
+    from engine import interrupts
+
+    if exc is None or (isinstance(exc, SystemExit) and exc.code in (0, None)):
+        return "FINISHED", 0
+    if isinstance(exc, KeyboardInterrupt) or interrupts.requested():
+        return "KILLED", interrupts.exit_status()
+    return "FAILED", 1
+
+
 class Tracker:
     """The tracker interface; this class itself records nothing (``logger=none``).
 
@@ -82,8 +106,8 @@ class Tracker:
     def log_images(self, images: dict[str, str | Path]) -> None:
         """PNG files (the report's figures): ``{name: path}``."""
 
-    def close(self) -> None:
-        """Flush and finish; later calls are not expected."""
+    def close(self, status: str = "FINISHED", exit_code: int = 0) -> None:
+        """Flush and finish, recording how the run ended (:func:`end_status`); later calls are not expected."""
 
 
 class TensorBoardTracker(Tracker):
@@ -123,7 +147,8 @@ class TensorBoardTracker(Tracker):
             self.writer.add_image(f"report/{name}", imread(str(path)), 0, dataformats="HWC")  # (H, W, C) floats
         self.writer.flush()
 
-    def close(self) -> None:
+    def close(self, status: str = "FINISHED", exit_code: int = 0) -> None:
+        self.writer.add_text("status", f"{status} (exit code {exit_code})")
         self.writer.close()
 
 
@@ -180,8 +205,8 @@ class MLflowTracker(Tracker):
         for path in images.values():
             self.client.log_artifact(self.run_id, str(path), "report")
 
-    def close(self) -> None:
-        self.client.set_terminated(self.run_id)
+    def close(self, status: str = "FINISHED", exit_code: int = 0) -> None:
+        self.client.set_terminated(self.run_id, status=status)
 
 
 def _reachable(host: str, port: int = 443, timeout_s: float = 2.0) -> bool:
@@ -260,8 +285,8 @@ class WandbTracker(Tracker):
 
         self.run.log({f"report/{name}": wandb.Image(str(path)) for name, path in images.items()})
 
-    def close(self) -> None:
-        self.run.finish()
+    def close(self, status: str = "FINISHED", exit_code: int = 0) -> None:
+        self.run.finish(exit_code=exit_code)
 
 
 class SafeTracker(Tracker):
@@ -271,11 +296,11 @@ class SafeTracker(Tracker):
     def __init__(self, inner: Tracker):
         self.inner, self.name, self.disabled = inner, inner.name, False
 
-    def _call(self, method: str, *args) -> None:
+    def _call(self, method: str, *args, **kwargs) -> None:
         if self.disabled:
             return
         try:
-            getattr(self.inner, method)(*args)
+            getattr(self.inner, method)(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - any tracker failure; KeyboardInterrupt still stops the run
             self.disabled = True
             first = (str(e).strip().splitlines() or [""])[0][:200]
@@ -302,8 +327,8 @@ class SafeTracker(Tracker):
     def log_images(self, images: dict[str, str | Path]) -> None:
         self._call("log_images", images)
 
-    def close(self) -> None:
-        self._call("close")
+    def close(self, status: str = "FINISHED", exit_code: int = 0) -> None:
+        self._call("close", status=status, exit_code=exit_code)
         self.disabled = True
 
 

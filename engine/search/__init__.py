@@ -110,6 +110,23 @@ def class_options(cls) -> list[str]:
     return names
 
 
+def build_error(strategy_cls, s, seed: int, options: dict) -> tuple[str, bool] | None:
+    """Why ``strategy_cls`` cannot be built from the ``strategy`` group ``s`` with ``options`` (on a
+    2-dimensional problem): None when it can, else (the class's first line, whether the options are to
+    blame: False when the class refuses the same way without them, e.g. ``strategy.population_size``)."""
+    def error(opts: dict) -> str | None:
+        try:
+            strategy_cls(dim=2, x0=None, seed=seed, population_size=s.population_size, sigma0=s.sigma0, **opts)
+        except (TypeError, ValueError) as e:
+            return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return None
+
+    msg = error(options)
+    if msg is None:
+        return None
+    return msg, not options or error({}) != msg
+
+
 def genome_kwargs(genome) -> dict:
     """Keyword arguments of ``strategies.genomes.make_genome`` from the ``strategy.genome`` group."""
     return {"alpha": genome.alpha, "mode": genome.mode} if genome.kind == "svd_lora" else {}

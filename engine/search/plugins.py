@@ -22,7 +22,7 @@ import inspect
 import logging
 
 from engine.config import CONF_DIR, ConfigError
-from engine.search import strategy_class, strategy_options
+from engine.search import build_error, check_strategy_options, strategy_class, strategy_options
 
 log = logging.getLogger("essa")
 
@@ -148,11 +148,12 @@ def check_strategy_choice(s, seed: int, choice: str | None) -> None:
     if choice is None or not options or (not s._target_ and s.name == choice):
         return
     cls = strategy_class(s)
-    try:
-        cls(dim=2, x0=None, seed=seed, population_size=s.population_size, sigma0=s.sigma0, **options)
+    rejected = build_error(cls, s, seed, options)
+    if rejected is None:
         return  # the picked class takes the left-over options
-    except (TypeError, ValueError) as e:
-        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    why, options_to_blame = rejected
+    if not options_to_blame:  # it refuses something else (strategy.population_size): that field's line
+        check_strategy_options(cls, s, seed)
     how = f"strategy._target_={s._target_}" if s._target_ else f"strategy.name={s.name}"
     option = _group_option_for(cls, selected)
     if option is not None:

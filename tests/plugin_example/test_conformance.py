@@ -3,7 +3,8 @@
 Each of essa's conformance checks (strategies/testing.py) builds the strategy on a small problem
 and fails with one line naming the check and what it saw: ask's shape, dtype and fresh copy;
 seeding; one-line ValueErrors for wrong shapes; no mutated inputs; NaN ranked last; exact resume
-from a pickled state_dict; and the state size and peak memory at D 8192 (printed; run pytest -s).
+from a pickled state_dict; a fully tied generation moving nothing and a partly tied one moving
+only by the ranks; and the state size and peak memory at D 8192 (printed; run pytest -s).
 Run it with the plugin importable (installed, or this directory on sys.path as pytest does here).
 """
 import pytest

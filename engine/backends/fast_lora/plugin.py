@@ -19,6 +19,10 @@ installed on CPU whether the fast kernels are on or off (the fast wrapper falls 
 while torch.compile traces). On other versions nothing in vLLM is patched and the back-end serves
 no-adapter requests in a batch of their own (:func:`no_adapter_plan`).
 
+An ISA cap below AVX-512 (``ONEDNN_MAX_CPU_ISA=AVX2`` or ``ATEN_CPU_CAPABILITY=avx2``, the AVX2 emulation):
+:func:`follow_isa_cap` makes vLLM load its ``_C_AVX2`` kernel library (engine/hardware.py), which lacks
+ops the full library has (the int4 GEMM), as on a real AVX2 CPU.
+
 An ISA cap that switches AMX off (``ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16`` on an AMX Xeon, the way the
 docs emulate a CPU without AMX): :func:`follow_amx_cap` tells vLLM the CPU has no AMX, because oneDNN
 never asked the kernel for the AMX registers and vLLM's AMX attention would die with SIGILL.
@@ -191,6 +195,28 @@ def install_prompt_row_guard() -> None:
         PunicaWrapperCPU.add_lora_logits = _prompt_row_guard(PunicaWrapperCPU.add_lora_logits)
 
 
+def follow_isa_cap() -> str | None:
+    """Make ``torch.cpu._is_avx512_supported()`` / ``_is_avx512_bf16_supported()`` answer as the environment's
+    ISA cap says (:func:`engine.hardware.capped_isa`: ``ONEDNN_MAX_CPU_ISA=AVX2`` or
+    ``ATEN_CPU_CAPABILITY=avx2``), so that vLLM's ``import_kernels`` loads the kernel library of the emulated
+    CPU class (``_C_AVX2``, ``_C_AVX512``) in this process instead of the full ``_C``.
+
+    Returns:
+        The library vLLM will now load when the cap changed it, else None.
+    """
+    import torch
+
+    from engine import hardware
+
+    real = (bool(torch.cpu._is_avx512_supported()), bool(torch.cpu._is_avx512_bf16_supported()))
+    capped = hardware.capped_isa(*real)
+    if capped == real:
+        return None
+    torch.cpu._is_avx512_supported = lambda: capped[0]
+    torch.cpu._is_avx512_bf16_supported = lambda: capped[1]
+    return hardware.kernel_library(*capped)
+
+
 def follow_amx_cap() -> str | None:
     """Where ``ONEDNN_MAX_CPU_ISA`` (or ``DNNL_MAX_CPU_ISA``) switches AMX off on an AMX CPU (:func:`engine.hardware.amx_switched_off`),
     make ``torch.cpu._is_amx_tile_supported()`` answer False in this process, so vLLM's CPU attention takes
@@ -265,6 +291,10 @@ def register() -> None:
         cap = follow_amx_cap()
         if cap is not None:
             log.info("essa: %s switches AMX off; vLLM is told the CPU has no AMX (pid %d).", cap, os.getpid())
+        kernels = follow_isa_cap()
+        if kernels is not None:
+            log.info("essa: the ISA cap (ONEDNN_MAX_CPU_ISA / ATEN_CPU_CAPABILITY) makes vLLM load %s (pid %d).",
+                     kernels, os.getpid())
         version = vllm_version()
         if version in MASK_VLLM_VERSIONS and not no_lora_mask_installed():
             install_no_lora_mask()
