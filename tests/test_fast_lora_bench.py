@@ -133,5 +133,6 @@ def test_bench_never_reuses_a_lora_id_for_other_weights(tmp_path, monkeypatch):
     used = _RecordingBackend.last.weights_by_id
     reused = {i: len(w) for i, w in used.items() if len(w) != 1}
     assert not reused, f"LoRA ids served with more than one adapter file: {reused}"
-    # warm-up (2) + P=2 x 11 repeats + its load probe (2) + P=3 x 11 repeats, each a fresh id
-    assert len(used) == 2 + 2 * 11 + 2 + 3 * 11
+    # warm-up (2) + P=2 x 11 repeats + its load probe (2) + P=3 x 11 repeats + the placebo's 2 copies and its
+    # alone probe (1), each a fresh id
+    assert len(used) == 2 + 2 * 11 + 2 + 3 * 11 + 2 + 1
