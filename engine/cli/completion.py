@@ -9,7 +9,6 @@ and :func:`completion_argv0` names the executable ``essa`` rather than ``essa tr
 from __future__ import annotations
 
 import os
-import sys
 
 FLAGS = ("-sc", "--shell-completion")
 
@@ -20,12 +19,10 @@ def is_completion(argv: list[str]) -> bool:
 
 
 def completion_argv0(argv: list[str]) -> str | None:
-    """``sys.argv[0]`` for Hydra's completion: the executable's name (``essa``), so the script it prints
-    completes ``essa``; None when ``argv`` is not a completion request."""
-    if not is_completion(argv):
-        return None
-    name = os.path.basename(sys.argv[0] or "essa")
-    return "essa" if name.endswith(".py") or name in ("__main__", "-c", "") else name
+    """``sys.argv[0]`` for Hydra's completion: ``essa`` (the console script), so the script it prints
+    completes ``essa`` (not ``essa train``, nor ``python`` under ``python -m engine.cli``); None when
+    ``argv`` is not a completion request."""
+    return "essa" if is_completion(argv) else None
 
 
 def route_query(argv: list[str], commands: dict, default: str) -> str | None:

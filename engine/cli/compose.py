@@ -71,21 +71,34 @@ class Composer:
                                               run_mode=mode or RunMode.RUN)
 
     def groups(self) -> dict[str, list[str]]:
-        """Config groups on the search path (Hydra's own ``hydra/...`` left out) -> their options."""
+        """Config groups on the search path (with the command line's ``hydra.searchpath``; Hydra's own
+        ``hydra/...`` left out) -> their options."""
+        from hydra.core.object_type import ObjectType
+
         if "groups" not in self._cache:
-            self._cache["groups"] = {g: sorted(self.loader.get_group_options(g)) for g in self.loader.list_groups("")
-                                     if g != "hydra" and self.loader.get_group_options(g)}
+            hydra_overrides = [o for o in self.overrides if o.startswith("hydra.searchpath")]
+            try:  # one repository for every group (the loader's get_group_options builds one per call)
+                _, repo = self.loader._parse_overrides_and_create_caching_repo(self.config_name, hydra_overrides)
+            except Exception:  # noqa: BLE001 - a bad hydra.searchpath: the primary config's search path
+                _, repo = self.loader._parse_overrides_and_create_caching_repo(self.config_name, [])
+            options = {g: sorted(repo.get_group_options(g, ObjectType.CONFIG))
+                       for g in repo.get_group_options("", ObjectType.GROUP) if g != "hydra"}
+            self._cache["groups"] = {g: o for g, o in options.items() if o}
         return self._cache["groups"]
 
     def configs(self) -> list:
         """What Hydra composes before any job runs: the config of a single run, or a sweep's master
         config then one job per value of each swept key (the others at their first value). Raises
         where Hydra would."""
+        from hydra._internal.config_loader_impl import ConfigLoaderImpl
+        from hydra.core.override_parser.overrides_parser import OverridesParser
         from hydra.types import RunMode
 
         if not self.multirun or self.shows:
             return [self.compose()]
-        master = self.compose(mode=RunMode.MULTIRUN)
+        master = self._cache.get("multirun") or self.compose(mode=RunMode.MULTIRUN)
+        ConfigLoaderImpl.validate_sweep_overrides_legal(OverridesParser.create().parse_overrides(self.overrides),
+                                                        run_mode=RunMode.MULTIRUN, from_shell=True)
         return [master] + [self.loader.load_sweep_config(master, job) for job in sweep_jobs(self.overrides)]
 
 
@@ -135,11 +148,15 @@ def composer_for(args: argparse.Namespace, config_name: str, task_function: Call
         search_path.prepend(provider="command-line", path=f"file://{conf_dir}", anchor=SearchPathQuery(provider="schema"))
     JobRuntime.instance().set("name", detect_task_name(calling_file, calling_module))
     c = Composer(ConfigLoaderImpl(config_search_path=search_path), args.config_name or config_name, args.overrides,
-                 shows=bool(args.cfg or args.help or args.info))
+                 multirun=args.multirun, shows=bool(args.cfg or args.help or args.info))
+    if c.multirun or c.shows:  # Hydra composes without asking the mode: -m sweeps, --cfg shows one run
+        return c
     try:  # Hydra.get_mode: hydra.mode from the config composed for a multirun, sweeps not applied
-        mode = c.loader.load_configuration(config_name=c.config_name, overrides=list(args.overrides),
-                                           run_mode=RunMode.MULTIRUN, validate_sweep_overrides=False).hydra.mode
-    except Exception:  # noqa: BLE001 - composing fails again below, with the error to report
-        mode = None
-    c.multirun = args.multirun or mode == RunMode.MULTIRUN
+        cfg = c.loader.load_configuration(config_name=c.config_name, overrides=list(args.overrides),
+                                          run_mode=RunMode.MULTIRUN, validate_sweep_overrides=False)
+    except Exception:  # noqa: BLE001 - composing fails again, with the error to report
+        return c
+    c.multirun = cfg.hydra.mode == RunMode.MULTIRUN
+    if c.multirun:
+        c._cache["multirun"] = cfg  # the sweep's master config (its sweeps are validated in configs())
     return c

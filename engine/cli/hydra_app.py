@@ -131,12 +131,15 @@ def run_hydra(command: str, argv: list[str]) -> None:
             preview(command, argv)
     except USER_ERRORS as e:
         fail(e)
-    sys.argv = [completion_argv0(argv) or f"essa {command}"] + argv
+    argv0, sys.argv = sys.argv, [completion_argv0(argv) or f"essa {command}"] + argv
     FINISHED_SWEEPS.clear()
     # Ctrl-C / kill -INT stops the run with a resume hint, even where SIGINT was inherited ignored
     # (a background job of a shell without job control) or also reached vLLM's engine process
-    with interrupts.handling():
-        entry()
+    try:
+        with interrupts.handling():
+            entry()
+    finally:
+        sys.argv = argv0
     for sweep_dir in FINISHED_SWEEPS:  # multirun: name every failed job, then exit non-zero
         lines = failure_lines(sweep_dir)
         if lines:
