@@ -153,6 +153,7 @@ def test_essa_composes_what_hydra_composes_and_refuses_what_it_refuses(command, 
     (["-m", "strategy.population_size=4,abc"], "strategy.population_size=abc"),
     (["-m", "strategy=essa,openai_es", "strategy.options.diagonal=true"], "strategy.options.diagonal"),
     (["-m", "-cd", USER, "strategy=nope,mine"], "no config 'strategy/nope'"),
+    (["-m", "hydra/sweeper=optuna", "strategy.sigmaa=interval(0.05,0.3)"], "did you mean strategy.sigma0"),
     (["--cfg", "job", "-m", "genrations=3"], "only one of --run, --multirun, --cfg and --info"),
     (["--resolve"], "--resolve"),
 ])

@@ -108,7 +108,8 @@ def sweep_jobs(overrides: list[str]) -> list[list[str]]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     choices: dict[str, list[str]] = {}
-    for o in OverridesParser.create().parse_overrides(overrides):
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    for o in parsed:
         key = o.get_key_element()
         if not o.is_sweep_override():
             choices[key] = [f"{key}={o.get_value_element_as_str()}"]
@@ -120,7 +121,7 @@ def sweep_jobs(overrides: list[str]) -> list[list[str]]:
     jobs = [first]
     for i, values in enumerate(choices.values()):
         jobs += [first[:i] + [v] + first[i + 1:] for v in values[1:]]
-    return jobs if any(len(v) > 1 for v in choices.values()) else []
+    return jobs if any(o.is_sweep_override() for o in parsed) else []
 
 
 def composer_for(args: argparse.Namespace, config_name: str, task_function: Callable,
