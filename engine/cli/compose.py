@@ -146,7 +146,8 @@ def composer_for(args: argparse.Namespace, config_name: str, task_function: Call
         conf_dir = os.path.abspath(args.config_dir)
         if not os.path.isdir(conf_dir):
             raise SearchPathException(f"Additional config directory '{conf_dir}' not found")
-        search_path.prepend(provider="command-line", path=f"file://{conf_dir}", anchor=SearchPathQuery(provider="schema"))
+        search_path.prepend(provider="command-line", path=f"file://{conf_dir}",
+                            anchor=SearchPathQuery(provider="schema"))
     JobRuntime.instance().set("name", detect_task_name(calling_file, calling_module))
     c = Composer(ConfigLoaderImpl(config_search_path=search_path), args.config_name or config_name, args.overrides,
                  multirun=args.multirun, shows=bool(args.cfg or args.help or args.info))

@@ -180,10 +180,10 @@ def _is_open_dict(cfg, path: str) -> bool:
     return node._metadata.object_type in (None, dict)
 
 
-def strategy_option_line(key: str, cfg, fix: str) -> str | None:
+def strategy_option_line(key: str, cfg) -> str | None:
     """One line for a new key ``strategy.options.<name>`` the selected strategy class does not take: the
-    class, the options it takes and the nearest one; None when the class takes it (then ``fix``, the
-    '+' form, works) or cannot be loaded."""
+    class, the options it takes and the nearest one; None when the class takes it (then the '+' form
+    works) or cannot be loaded."""
     import difflib
 
     from engine.search import option_names, strategy_class
@@ -205,7 +205,7 @@ def no_such_field_line(command: str, key: str, cfg, value: str | None = None, ad
     """One line for an override of a field ``cfg`` does not have: the key, the nearest field and the fix."""
     parent = key.rpartition(".")[0]
     if parent == "strategy.options" and "strategy" in cfg:
-        line = strategy_option_line(key, cfg, f"+{key}")
+        line = strategy_option_line(key, cfg)
         if line:
             return line
     if not added and parent and _is_open_dict(cfg, parent):  # a free-form dict field: new keys need '+'
@@ -233,7 +233,7 @@ def _dict_override_line(command: str, o, cfg) -> str | None:
         if not child.startswith(f"{o.key_or_group}."):
             return None
         if _is_open_dict(cfg, o.key_or_group):
-            line = strategy_option_line(child, cfg, f"+{o.input_line}") if o.key_or_group == "strategy.options" else None
+            line = strategy_option_line(child, cfg) if o.key_or_group == "strategy.options" else None
             return line or (f"{o.input_line}: {child} is a new key of {o.key_or_group}; "
                             f"add new keys with '+': +{o.input_line}")
         return no_such_field_line(command, child, cfg)
