@@ -149,8 +149,8 @@ def run_hydra(command: str, argv: list[str]) -> None:
 
 def register() -> None:
     """Everything essa's conf/ needs in Hydra's ConfigStore and OmegaConf's resolvers: the commands'
-    schemas, the Optuna sweeper's maximising default, the ``essa_groups`` resolver of ``--help``. A plain
-    ``@hydra.main`` app on conf/ calls it first (tests/test_hydra_conformance.py)."""
+    schemas, the Optuna sweeper's maximising default (a plain ``@hydra.main`` app on conf/ registers these
+    two, tests/test_hydra_conformance.py), the ``essa_groups`` resolver of ``--help`` (engine/cli/help.py)."""
     from engine.commands import register_configs
     from engine.results.sweeps import register_sweeper_defaults
 
