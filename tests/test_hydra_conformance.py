@@ -115,7 +115,7 @@ ROWS = [
     ("train", ["strategy.sigma00=0.3"], "strategy.sigma00: no such field; did you mean strategy.sigma0=0.3?"),
     ("train", ["strategy.population_size=abc"], "strategy.population_size=abc"),
     ("train", ["task=nope"], "no config 'task/nope'; available: arithmetic"),
-    ("train", ["-cd", USER, "strategy=nope"], "available: cma_es, essa, lra_cma, mine, openai_es, sep_cma"),
+    ("train", ["-cd", USER, "strategy=nope"], "lra_cma, mine, "),
     ("train", ["strategy.options.ties=none"], "a new key of strategy.options; add it with '+': +strategy.options.ties="),
     ("train", ["+strategy.options.ties=none"], None),
     ("train", ["-cd", USER, "strategy=mine", "+strategy.options.ties=none"], "drop the '+'"),
@@ -213,7 +213,8 @@ def test_job_and_help_are_named_after_the_command_and_list_its_groups(userconf, 
     assert [ln.split(":")[0] for ln in groups.strip().splitlines()] == ["engine", "model", "reward", "task"]
     code, out, _ = run_essa(["train", "-cd", str(userconf), "--help"], capsys)
     assert code == 0 and out.startswith("essa train: ") and "Hydra (https://hydra.cc)" in out
-    assert "strategy: cma_es, essa, lra_cma, mine, openai_es, sep_cma (now essa)" in out
+    strategy = next(ln for ln in out.splitlines() if ln.startswith("strategy: "))
+    assert "cma_es, essa, " in strategy and ", mine, " in strategy and strategy.endswith(" (now essa)"), strategy
     assert "experiment (add with +experiment=option): mine, tiny" in out
 
 

@@ -126,9 +126,9 @@ def run_hydra(command: str, argv: list[str]) -> None:
         return run_job(command, cfg)
 
     try:
-        precheck(command, argv, entry)
+        cfg = precheck(command, argv, entry)
         if previewing(argv):  # --cfg job: refuse what the run would refuse, before Hydra prints the config
-            preview(command, argv)
+            preview(command, argv, cfg)
     except USER_ERRORS as e:
         fail(e)
     argv0, sys.argv = sys.argv, [completion_argv0(argv) or f"essa {command}"] + argv

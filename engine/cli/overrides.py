@@ -186,13 +186,13 @@ def strategy_option_line(key: str, cfg) -> str | None:
     works) or cannot be loaded."""
     import difflib
 
-    from engine.search import option_names, strategy_class
+    from engine.search import class_options, strategy_class
 
     try:
         cls = strategy_class(cfg.strategy)
     except Exception:  # noqa: BLE001 - an unknown strategy: the run names it in its own line
         return None
-    name, takes = key.rsplit(".", 1)[1], option_names(cls)
+    name, takes = key.rsplit(".", 1)[1], class_options(cls)
     if name in takes:
         return None
     near = difflib.get_close_matches(name, takes, n=1)
@@ -300,7 +300,7 @@ def composition_error_line(command: str, composer: Composer, e: BaseException) -
             or hydra_error_line(e, command))
 
 
-def precheck(command: str, argv: list[str], task_function) -> None:
+def precheck(command: str, argv: list[str], task_function):
     """Check the command line before Hydra runs, so a bad one exits 2 with one line (Hydra itself prints
     several lines and exits 1). Composes what Hydra will (:func:`engine.cli.compose.composer_for`: the
     search path with ``--config-dir``/``hydra.searchpath``, ``--config-name``, a single run or each
@@ -312,6 +312,10 @@ def precheck(command: str, argv: list[str], task_function) -> None:
         command: the essa command. argv: its command line after the command's name.
         task_function: the ``@hydra.main`` task function (its module anchors Hydra's search path).
 
+    Returns:
+        The config (``hydra`` node included) Hydra composes for a single run or ``--cfg``; None for a
+        sweep or a command line Hydra composes nothing from.
+
     Raises:
         ConfigError: the one line.
     """
@@ -320,7 +324,7 @@ def precheck(command: str, argv: list[str], task_function) -> None:
 
     args = parse_args(argv)
     if args is None:
-        return
+        return None
     line = flag_error(args)
     if line:
         raise ConfigError(line)
@@ -343,3 +347,4 @@ def precheck(command: str, argv: list[str], task_function) -> None:
                 raise ConfigError(line)
         if extra:
             raise ConfigError(no_such_field_line(command, extra[0], cfg, added=True))
+    return None if len(configs) > 1 or composer.multirun and not composer.shows else configs[0]

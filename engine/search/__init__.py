@@ -31,24 +31,6 @@ def strategy_options(s) -> dict:
                 or {})
 
 
-def option_names(strategy_cls) -> list[str]:
-    """The ``strategy.options`` keys ``strategy_cls`` takes: the named keyword parameters of its
-    ``__init__`` and of every ``Strategy`` subclass above it that it passes ``**options`` on to (the
-    base class's own ``dim``, ``x0``, ``seed``, ``population_size``, ``sigma0`` left out), sorted."""
-    import inspect
-
-    from strategies import Strategy
-
-    base = set(inspect.signature(Strategy.__init__).parameters)
-    names = set()
-    for k in strategy_cls.__mro__:
-        if k is Strategy or not (isinstance(k, type) and issubclass(k, Strategy)) or "__init__" not in vars(k):
-            continue
-        names |= {p.name for p in inspect.signature(k.__init__).parameters.values()
-                  if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in base}
-    return sorted(names)
-
-
 def check_strategy_options(strategy_cls, s, seed: int) -> None:
     """Build the strategy once on a 2-dimensional problem so bad ``strategy.options``,
     ``strategy.population_size`` or ``strategy.sigma0`` fail before the SFT warm start (the real strategy
