@@ -125,12 +125,20 @@ def run_hydra(command: str, argv: list[str]) -> None:
     def entry(cfg):
         return run_job(command, cfg)
 
+    # essa's own log lines until Hydra runs (the preview's strategy line); then Hydra's logging alone,
+    # or --info would print every line twice
+    root, handler = logging.getLogger(), logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("[%(asctime)s %(name)s] %(message)s", "%H:%M:%S"))
+    root.addHandler(handler)
+    root.setLevel(min(root.level or logging.INFO, logging.INFO))
     try:
         cfg = precheck(command, argv, entry)
         if previewing(argv):  # --cfg job: refuse what the run would refuse, before Hydra prints the config
             preview(command, argv, cfg)
     except USER_ERRORS as e:
         fail(e)
+    finally:
+        root.removeHandler(handler)
     argv0, sys.argv = sys.argv, [completion_argv0(argv) or f"essa {command}"] + argv
     FINISHED_SWEEPS.clear()
     # Ctrl-C / kill -INT stops the run with a resume hint, even where SIGINT was inherited ignored
