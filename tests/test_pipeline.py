@@ -152,7 +152,7 @@ def test_interrupt_and_resume_matches_uninterrupted(full_run: Path, tmp_path: Pa
     assert proc.returncode == 0, out[-3000:]
     metrics = pq.read_table(run / "metrics.parquet").to_pylist()
     assert [m["generation"] for m in metrics] == [0, 1]
-    run_log = (run / "hydra_app.log").read_text()   # one run, one log: the resumed part is appended there
+    run_log = (run / "train.log").read_text()   # one run, one log: the resumed part is appended there
     assert "resume: logging to" in run_log and "gen 1 (" in run_log.split("resume: logging to")[1], run_log[-2000:]
     a, _ = read_adapter(full_run / "adapters" / "mean")
     b, _ = read_adapter(run / "adapters" / "mean")

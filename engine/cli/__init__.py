@@ -23,23 +23,30 @@ import sys
 
 from engine.commands import COMMANDS
 
+from .completion import is_completion, route_query
 from .hydra_app import USER_ERRORS, fail, run_hydra
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of the ``essa`` console script: dispatch to the command named first (train by default)."""
+    """Entry point of the ``essa`` console script: dispatch to the command named first (train by default).
+
+    Hydra commands leave logging to Hydra (its job log, ``--info``'s own handler); the other commands
+    log ``[time name] message`` lines to stderr."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(name)s] %(message)s", datefmt="%H:%M:%S")
-    command = "train"
-    if argv and argv[0] in (*COMMANDS, "help"):
+    command = route_query(argv, COMMANDS, "train") or "train"
+    named = bool(argv) and argv[0] in (*COMMANDS, "help")
+    if named:
         command = argv.pop(0)
-    if argv[:1] in (["-h"], ["--help"]) and command == "train" or command == "help":
+    if argv[:1] in (["-h"], ["--help"]) and not named or command == "help":  # then train's own --help
         print(__doc__)
         if command == "help":
             return
     c = COMMANDS[command]
     if c.hydra:
         return run_hydra(command, argv)
+    if is_completion(argv):
+        return  # report and prepare-model take no overrides to complete
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(name)s] %(message)s", datefmt="%H:%M:%S")
     try:
         c.runner()(argv)
     except USER_ERRORS as e:

@@ -108,37 +108,62 @@ def remove_refused_run_dir(run_dir: str | Path, job_log: str) -> bool:
 
 def run_hydra(command: str, argv: list[str]) -> None:
     """Register the schemas, check ``argv`` (one line on a bad override), then run ``command`` under
-    Hydra (single run or ``-m`` sweep) with Ctrl-C handling; a sweep with failed jobs exits 1."""
+    Hydra (single run or ``-m`` sweep) with Ctrl-C handling; a sweep with failed jobs exits 1.
+    ``-sc``/``--shell-completion`` goes to Hydra as the app ``essa`` (engine/cli/completion.py)."""
     import hydra
 
     from engine import interrupts
-    from engine.commands import register_configs
-    from engine.results.sweeps import FINISHED_SWEEPS, failure_lines, register_sweeper_defaults
+    from engine.results.sweeps import FINISHED_SWEEPS, failure_lines
 
+    from .completion import completion_argv0
     from .overrides import precheck
     from .preview import preview, previewing
 
-    register_configs()
-    register_sweeper_defaults()  # hydra/sweeper=optuna maximises the returned accuracy
-    try:
-        precheck(command, argv)
-        if previewing(argv):  # --cfg job: refuse what the run would refuse, before Hydra prints the config
-            preview(command, argv)
-    except USER_ERRORS as e:
-        fail(e)
+    register()
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=COMMANDS[command].yaml)
     def entry(cfg):
         return run_job(command, cfg)
 
-    sys.argv = [f"essa {command}"] + argv
+    # essa's own log lines until Hydra runs (the preview's strategy line); then Hydra's logging alone,
+    # or --info would print every line twice
+    root, handler = logging.getLogger(), logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("[%(asctime)s %(name)s] %(message)s", "%H:%M:%S"))
+    root.addHandler(handler)
+    root.setLevel(min(root.level or logging.INFO, logging.INFO))
+    try:
+        cfg = precheck(command, argv, entry)
+        if previewing(argv):  # --cfg job: refuse what the run would refuse, before Hydra prints the config
+            preview(command, argv, cfg)
+    except USER_ERRORS as e:
+        fail(e)
+    finally:
+        root.removeHandler(handler)
+    argv0, sys.argv = sys.argv, [completion_argv0(argv) or f"essa {command}"] + argv
     FINISHED_SWEEPS.clear()
     # Ctrl-C / kill -INT stops the run with a resume hint, even where SIGINT was inherited ignored
     # (a background job of a shell without job control) or also reached vLLM's engine process
-    with interrupts.handling():
-        entry()
+    try:
+        with interrupts.handling():
+            entry()
+    finally:
+        sys.argv = argv0
     for sweep_dir in FINISHED_SWEEPS:  # multirun: name every failed job, then exit non-zero
         lines = failure_lines(sweep_dir)
         if lines:
             print("essa: error: " + "\n".join(lines), file=sys.stderr)
             sys.exit(1)
+
+
+def register() -> None:
+    """Everything essa's conf/ needs in Hydra's ConfigStore and OmegaConf's resolvers: the commands'
+    schemas, the Optuna sweeper's maximising default (a plain ``@hydra.main`` app on conf/ registers these
+    two, tests/test_hydra_conformance.py), the ``essa_groups`` resolver of ``--help`` (engine/cli/help.py)."""
+    from engine.commands import register_configs
+    from engine.results.sweeps import register_sweeper_defaults
+
+    from .help import register_help_resolver
+
+    register_configs()
+    register_sweeper_defaults()  # hydra/sweeper=optuna maximises the returned accuracy
+    register_help_resolver()

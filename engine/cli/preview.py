@@ -23,8 +23,10 @@ def previewing(argv: list[str]) -> bool:
     return any(a in FLAGS or a.startswith("--cfg=") for a in argv) and not any(a in SWEEP_FLAGS for a in argv)
 
 
-def preview(command: str, argv: list[str]) -> None:
-    """Run the checks ``essa <command>`` makes before it loads anything on the config ``argv`` composes.
+def preview(command: str, argv: list[str], cfg=None) -> None:
+    """Run the checks ``essa <command>`` makes before it loads anything on the config ``argv`` composes
+    (``cfg``, with its ``hydra`` node, when the caller composed it already: engine/cli/overrides.py
+    composes as Hydra will, ``--config-dir`` and ``hydra.searchpath`` included).
 
     Raises:
         ConfigError / ValueError: the run's own one-line refusal (e.g. a plugin whose import fails).
@@ -33,9 +35,10 @@ def preview(command: str, argv: list[str]) -> None:
     from hydra._internal.utils import get_args_parser
 
     try:
-        args, _ = get_args_parser().parse_known_args(argv)
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name=COMMANDS[command].yaml, overrides=args.overrides, return_hydra_config=True)
+        if cfg is None:
+            args, _ = get_args_parser().parse_known_args(argv)
+            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+                cfg = compose(config_name=COMMANDS[command].yaml, overrides=args.overrides, return_hydra_config=True)
     except BaseException:  # noqa: BLE001 - a malformed command line or composition: Hydra's own error says which
         return
     module = importlib.import_module(COMMANDS[command].config)

@@ -188,6 +188,8 @@ def _continue_log_in(run_dir: Path) -> None:
     root = logging.getLogger()
     for h in [h for h in root.handlers if isinstance(h, logging.FileHandler) and h.get_name() == "file"]:
         target = run_dir / Path(h.baseFilename).name
+        if not target.exists() and (run_dir / "hydra_app.log").is_file():  # a run from before jobs were named
+            target = run_dir / "hydra_app.log"                              # after their command (train.log)
         logged = [Path(f.baseFilename) for f in root.handlers if isinstance(f, logging.FileHandler)]
         if not any(_same_file(f, target) for f in logged):
             extra = logging.FileHandler(target, mode="a")
