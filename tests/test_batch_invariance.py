@@ -3,7 +3,7 @@
 ESSA ranks candidates by small fitness differences (ESSA §3.3), so a candidate's verdicts must follow
 its weights, not its batch slot or its neighbours. Real engine, default model, ``essa train``'s own
 configuration with ``engine.numerics=invariant`` (``model.dtype: auto``, so the default dtype of the CPU
-class the test runs on, prefix caching as the run has it, 96 greedy tokens), eight GSM8K test problems:
+class the test runs on, prefix caching as the run has it, 96 greedy tokens), six GSM8K test problems:
 
 1. one call of eight adapters: the same adapter under two ids in slots 1 and 6 (byte-identical
    files), six others around them (random LoRA factors of other seeds);
@@ -22,7 +22,7 @@ from engine.backends import AdapterRef, Sampling, lora_int_id
 from engine.tasks import default_data_root
 
 GSM8K = default_data_root() / "gsm8k" / "test.jsonl"
-N_PROMPTS, MAX_TOKENS, OTHERS = 8, 96, 6
+N_PROMPTS, MAX_TOKENS, OTHERS = 6, 96, 6
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def setup(tmp_path_factory):
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1500)
 def test_same_adapter_same_answers_in_any_slot_and_alone(setup):
     from tests.helpers import train_evaluator
 
