@@ -50,3 +50,48 @@ def test_measured_rate_positive_and_finite_on_a_tiny_shape():
 def test_bad_arguments_refused(rows, dtype):
     with pytest.raises(ValueError, match="roofline"):
         gemm_rate(ModelShapes.from_config(FAKE), rows=rows, dtype=dtype, seconds=0.01)
+
+
+def test_bench_records_and_prints_the_roofline(tmp_path):
+    """essa bench: one measured rate in bench.json's "roofline", a fraction per run, a line in the table."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    from engine.commands.bench import Bench, format_table, roofline
+
+    (tmp_path / "config.json").write_text(json.dumps(FAKE))
+    b = Bench(OmegaConf.create({"engine": {"max_num_seqs": 3}}), [2], 2, 4, 2)
+    b.float_model, b.dtype = str(tmp_path), "float32"
+    run = {"tokens": 10, "prompt_tokens": 30, "seconds": 1.0, "tokens_per_s": 10.0}
+    b.result = {"settings": {"model": "m", "prompts_per_candidate": 2, "max_tokens": 4, "rank": 8, "fast_lora": True},
+                "machine": {"cpu": "c", "cores": 2, "vllm": "v", "torch": "t"}, "notes": [],
+                "rows": [{"P": 2, "sequences": 4, "base": dict(run), "population": dict(run), "ratio_pop_base": 1.0}]}
+    roofline(b, seconds=0.02)
+    r = b.result["roofline"]
+    assert r["rows"] == 3 and r["dtype"] == "float32" and r["gflops"] > 0  # M capped by engine.max_num_seqs
+    flops = generation_flops(ModelShapes.from_config(FAKE), 30, 10)
+    assert b.result["rows"][0]["base"]["roofline_fraction"] == pytest.approx(flops / 1e9 / r["gflops"], abs=1e-4)  # stored to 4 places
+    assert "of the GEMM limit" in format_table(b.result) and "P=2: base at" in format_table(b.result)
+
+
+def test_train_generation_row_has_the_roofline_fraction():
+    import numpy as np
+
+    from engine.commands.train import generation_row
+    from engine.evaluation.population import EvalResult
+
+    P, N = 2, 2
+    rows = {"candidate": [0, 0, 1, 1], "completion": ["a", "b", "a", "b"], "status": ["ok"] * 4}
+    result = EvalResult(np.array([0.5, 0.5]), np.full((P, N, 1), 0.5), rows, {"generate": 2.0}, 8)
+    assert np.isnan(generation_row(0, 1.0, result, P, 0.1, 0.0, 0.0)["roofline_fraction"])
+    assert generation_row(0, 1.0, result, P, 0.1, 0.0, 0.0, roofline=0.25)["roofline_fraction"] == 0.25
+
+
+def test_gemm_limit_fraction_is_flops_over_rate():
+    from engine.evaluation.roofline import GemmLimit
+
+    s = ModelShapes.from_config(FAKE)
+    limit = GemmLimit(s, gflops=2.0)
+    assert limit.fraction(30, 10, 0.5) == pytest.approx(generation_flops(s, 30, 10) / 0.5 / 2e9)
+    assert GemmLimit.measure(s, rows=2, dtype="float32", seconds=0.02).gflops > 0

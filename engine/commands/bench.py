@@ -53,6 +53,7 @@ import numpy as np
 
 from engine.backends import Sampling
 from engine.commands.bench_config import validate
+from engine.evaluation.roofline import prompt_tokens
 from engine.tasks import Problem
 
 log = logging.getLogger("essa.bench")
@@ -198,6 +199,7 @@ class TimedBackend:
         self.last = _rate(sum(c.n_tokens for o in outs for c in o), dt)
         self.last["cpu_s"] = round(cpu, 3)
         self.last["tokens_per_cpu_s"] = round(self.last["tokens"] / cpu, 1) if cpu > 0 else 0.0
+        self.last["prompt_tokens"] = prompt_tokens(self.tokenizer, list(prompts))  # after the clock: the roofline's FLOPs
         return outs
 
     def close(self) -> None:
@@ -363,6 +365,8 @@ def format_table(result: dict) -> str:
                      "is counted as outside generation)")
         for n in ph.get("notes", []):
             lines.append(f"  note: {n}")
+    if result.get("roofline"):
+        lines += ["", roofline_line(result)]
     if result.get("placebo"):
         from engine.evaluation.numerics import PlaceboResult
 
@@ -599,6 +603,40 @@ def naive(b: Bench) -> None:
         row["ratio_pop_naive"] = round(row["population"]["tokens_per_s"] / row["naive"]["tokens_per_s"], 3)
 
 
+def roofline(b: Bench, seconds: float = 1.5) -> None:
+    """The GEMM limit (engine/evaluation/roofline.py), measured once in this process after the engine is
+    closed: torch's rate on the model's matmul shapes at M = the largest run's sequences (capped by
+    ``engine.max_num_seqs``, the tokens of one decode step) in the run's dtype; ``result["roofline"]`` and
+    each run's ``roofline_fraction`` (achieved GEMM FLOP/s of prompt and completion tokens over that rate)."""
+    from engine.evaluation.roofline import ModelShapes, gemm_rate, generation_flops, roofline_fraction
+    from engine.model import local_model_config
+
+    config = local_model_config(b.float_model)
+    if config is None:
+        b.result["notes"].append(f"roofline: no local config.json for {b.float_model}; not measured")
+        return
+    shapes = ModelShapes.from_config(config)
+    rows = min(max(b.populations) * b.B, int(b.cfg.engine.max_num_seqs))
+    rate = gemm_rate(shapes, rows, b.dtype, seconds)
+    b.result["roofline"] = {**rate, "gemm_params_per_token": shapes.layer_params,
+                            "lm_head_params": shapes.hidden * shapes.vocab}
+    for row in b.result["rows"]:
+        for run in (row[k] for k in ("base", "population", "base_without_lora") if k in row):
+            flops = generation_flops(shapes, run.get("prompt_tokens", 0), run["tokens"])
+            run["roofline_fraction"] = round(roofline_fraction(flops, run["seconds"], rate["gflops"]), 4)
+    print(roofline_line(b.result), flush=True)
+
+
+def roofline_line(result: dict) -> str:
+    """``roofline: torch GEMM ... GFLOP/s ...; P=16: base at 41.0 %, population at 39.2 % of the GEMM limit``."""
+    r = result["roofline"]
+    runs = "; ".join(f"P={row['P']}: base at {100 * row['base'].get('roofline_fraction', float('nan')):.1f} %, "
+                     f"population at {100 * row['population'].get('roofline_fraction', float('nan')):.1f} %"
+                     for row in result["rows"])
+    return (f"roofline: torch GEMM {r['gflops']:.1f} GFLOP/s on the model's shapes ({r['dtype']}, M {r['rows']}, "
+            f"{r['threads']} threads, this process); {runs} of the GEMM limit (prompt and completion tokens' FLOPs)")
+
+
 def write_result(b: Bench, out_path: Path) -> None:
     """The load-average note, the JSON file, the printed table."""
     res = b.result
@@ -631,6 +669,7 @@ def main(cfg, run_dir: str | Path | None = None) -> dict:
         try:
             plain = base_without_lora(b)
             population_rows(b, plain)
+            roofline(b)
             naive(b)
         finally:
             shutil.rmtree(b.root, ignore_errors=True)

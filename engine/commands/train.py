@@ -64,6 +64,8 @@ class TrainRun:
     stopped_by: str = "generations"
     slowest_s: float = 0.0  # this invocation's slowest generation (s), for deadline_s
     skipped: list[str] = field(default_factory=list)  # validations deadline_s skipped (summary.json)
+    tokenizer: object = None
+    gemm_limit: object = None  # engine.evaluation.roofline.GemmLimit, measured as evolution starts; None: not measured
 
     def clock(self) -> float:
         """Seconds on the run clock (``wall_s``): from the end of the SFT warm start, resumed runs included."""
@@ -315,7 +317,7 @@ def build_evaluator_phase(run: TrainRun, progress: _Progress) -> None:
     from engine.search import method_name
 
     cfg = run.cfg
-    tokenizer = AutoTokenizer.from_pretrained(run.model_path)
+    tokenizer = run.tokenizer = AutoTokenizer.from_pretrained(run.model_path)
     meta = AdapterMeta(cfg.lora.rank, cfg.lora.alpha, tuple(cfg.lora.target_modules), run.model_path)
     run.evaluator = progress.evaluator = build_evaluator(
         cfg.engine, cfg.model, run.serve_path, run.codec, meta, tokenizer, task_reward(cfg.task, cfg.reward),
@@ -436,6 +438,8 @@ def evolve(run: TrainRun, progress: _Progress) -> None:
     deadline, the periodic validation and the time budget are decided (in that order); under
     ``deadline_s`` a periodic validation runs only if it costs no generation (:func:`_deadline_decision`)."""
     cfg = run.cfg
+    if run.state.generation + 1 < cfg.generations:
+        run.gemm_limit = measure_gemm_limit(run)
     for g in range(run.state.generation + 1, cfg.generations):
         t0 = time.perf_counter()
         result, row = generation(run, g)
@@ -456,6 +460,38 @@ def evolve(run: TrainRun, progress: _Progress) -> None:
             run.stopped_by = "time_budget_s"
             log.info("time budget %.0f s reached after generation %d (%.1f s)", cfg.time_budget_s, g, run.clock())
             break
+
+
+def measure_gemm_limit(run: TrainRun, seconds: float = 1.0):
+    """Torch's GEMM rate on the model's shapes in the run's dtype, in this process, once (about
+    ``seconds``; engine/evaluation/roofline.py), at M = one decode step's sequences (the generation's
+    requests, capped by ``engine.max_num_seqs``); None without a local config.json. Logged."""
+    from engine.evaluation.roofline import GemmLimit, ModelShapes
+    from engine.model import local_model_config
+
+    cfg = run.cfg
+    config = local_model_config(run.model_path)
+    if config is None or cfg.rollout.fitness == "likelihood":
+        return None
+    requests = (run.P + 1) * (run.state.prompts or cfg.rollout.prompts_per_generation)
+    rows = min(requests, int(cfg.engine.max_num_seqs))
+    limit = GemmLimit.measure(ModelShapes.from_config(config), rows, run.dtype[0], seconds)
+    log.info("roofline: torch GEMM %.1f GFLOP/s on the model's shapes (%s, M %d, this process); metrics.parquet's "
+             "roofline_fraction is each generation's share of it", limit.gflops, run.dtype[0], rows)
+    return limit
+
+
+def generation_roofline(run: TrainRun, result, batch, adapters: int) -> float:
+    """The generation's ``roofline_fraction``: GEMM FLOP/s of its prompt tokens (once per request) and
+    completion tokens over :attr:`TrainRun.gemm_limit`; NaN when not measured."""
+    from engine.evaluation.roofline import prompt_tokens
+    from engine.prompts import build_prompt
+
+    if run.gemm_limit is None or run.tokenizer is None:
+        return float("nan")
+    prompts = [build_prompt(run.tokenizer, p.question, run.cfg.task.system_prompt) for p in batch]
+    return run.gemm_limit.fraction(adapters * prompt_tokens(run.tokenizer, prompts), result.tokens,
+                                   result.timings.get("generate", 0.0))
 
 
 def generation(run: TrainRun, g: int):
@@ -492,13 +528,14 @@ def generation(run: TrainRun, g: int):
     t_tell = time.perf_counter() - t1
     result.rollouts["center"] = [c == P for c in result.rollouts["candidate"]]
     io.write_parquet(run.run_dir / "rollouts" / f"gen_{g:06d}.parquet", result.rollouts)
-    row = generation_row(g, run.clock(), result, P, strategy.sigma, t_ask, t_tell)
+    row = generation_row(g, run.clock(), result, P, strategy.sigma, t_ask, t_tell,
+                         roofline=generation_roofline(run, result, batch, len(evaluated)))
     row.update(search_row(run, n_prompts))
     run.metrics.add(row)
     log.info("gen %d (%d of %d)  fitness mean %.3f max %.3f centre %.3f  split-half rho %.2f  sigma %.4f  "
-             "%d tok  %.0f tok/s  %.1fs", g, g + 1, cfg.generations, row["fitness_mean"], row["fitness_max"],
-             row["fitness_center"], row["split_half_rho"], row["sigma"], row["tokens"], row["tokens_per_s"],
-             row["t_generate"])
+             "%d tok  %.0f tok/s (%.0f %% of the GEMM limit)  %.1fs", g, g + 1, cfg.generations, row["fitness_mean"],
+             row["fitness_max"], row["fitness_center"], row["split_half_rho"], row["sigma"], row["tokens"],
+             row["tokens_per_s"], 100 * row["roofline_fraction"], row["t_generate"])
     run.state.generation = g
     run.state.prompts = next_prompts(cfg.rollout, n_prompts, row["split_half_rho"])
     return result, row
@@ -551,10 +588,12 @@ def _deadline_decision(run: TrainRun, g: int, result, row: dict) -> str:
     return "run"
 
 
-def generation_row(g: int, wall_s: float, result, P: int, sigma: float, t_ask: float, t_tell: float) -> dict:
+def generation_row(g: int, wall_s: float, result, P: int, sigma: float, t_ask: float, t_tell: float,
+                   roofline: float = float("nan")) -> dict:
     """One metrics.parquet row: fitness of the P candidates, the centre (index P, when evaluated),
     the signal diagnostics of engine/results/stats.py, the answer checks that hit reward.timeout_s
-    (``n_timeouts``, completions scored NaN), tokens and seconds per phase."""
+    (``n_timeouts``, completions scored NaN), tokens and seconds per phase, and ``roofline_fraction``
+    (the generate call's share of the measured GEMM limit, :func:`generation_roofline`; NaN: not measured)."""
     from engine.results.stats import (one_text_share, pairwise_discordance, prompts_disagreeing,
                                       split_half_rank_correlation, variance_ratio)
 
@@ -573,7 +612,8 @@ def generation_row(g: int, wall_s: float, result, P: int, sigma: float, t_ask: f
            "n_timeouts": sum(s == "timeout" for s in result.rollouts.get("status", ())), "sigma": float(sigma),
            "tokens": result.tokens, "tokens_per_s": result.tokens / max(tm.get("generate", 0.0), 1e-9),
            "t_ask": t_ask, "t_decode": tm.get("decode", 0.0), "t_write": tm.get("write", 0.0),
-           "t_generate": tm.get("generate", 0.0), "t_reward": tm.get("reward", 0.0), "t_tell": t_tell}
+           "t_generate": tm.get("generate", 0.0), "t_reward": tm.get("reward", 0.0), "t_tell": t_tell,
+           "roofline_fraction": float(roofline)}
     if result.dense is not None:
         from engine.evaluation.population import candidate_dense
 

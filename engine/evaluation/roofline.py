@@ -139,3 +139,21 @@ def limit_tokens_per_s(shapes: ModelShapes, gflops: float, prompt_tokens: int, c
 def prompt_tokens(tokenizer, prompts: list[str]) -> int:
     """Tokens in ``prompts`` (chat-templated strings, no special tokens added: the template has them)."""
     return sum(len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"])
+
+
+@dataclass(frozen=True)
+class GemmLimit:
+    """A measured GEMM rate with the shapes it was measured on: what a run keeps to price each generation."""
+
+    shapes: ModelShapes
+    gflops: float
+
+    @classmethod
+    def measure(cls, shapes: ModelShapes, rows: int, dtype: str, seconds: float = 1.0) -> GemmLimit:
+        """:func:`gemm_rate` now, in this process."""
+        return cls(shapes, gemm_rate(shapes, rows, dtype, seconds)["gflops"])
+
+    def fraction(self, prompt_tokens: int, completion_tokens: int, seconds: float) -> float:
+        """The generate call's achieved GEMM FLOP/s over the limit (:func:`roofline_fraction`)."""
+        return roofline_fraction(generation_flops(self.shapes, prompt_tokens, completion_tokens), seconds,
+                                 self.gflops)
