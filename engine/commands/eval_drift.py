@@ -105,12 +105,12 @@ def continuations(backend, ref_name: str, ref_path: Path | None, set_name: str, 
     import dataclasses
 
     from engine.evaluation.drift import Continuations, reference_sampling, sample_continuations
-    from engine.evaluation.validation import cached_json
+    from engine.evaluation.validation import adapter_digest, cached_json
     from engine.model import cache_dir
 
     texts, ids = set_prompts(set_name, cfg.drift.prompts, tokenizer)
     ref = None if ref_path is None else AdapterRef(f"drift-{ref_name}", lora_int_id(-1, 900), str(ref_path))
-    key = {"model": model_path, "dtype": str(backend.dtype), "reference": _adapter_digest(ref_path),
+    key = {"model": model_path, "dtype": str(backend.dtype), "reference": adapter_digest(ref_path),
            "set": set_name, "prompts": ids,
            "sampling": dataclasses.asdict(reference_sampling(cfg.drift.max_tokens, cfg.drift.seed))}
 
@@ -122,15 +122,6 @@ def continuations(backend, ref_name: str, ref_path: Path | None, set_name: str, 
     log.info("drift: %s continuations on %s (%d prompts)%s", ref_name, set_name, len(got["prompts"]),
              " from the cache" if hit else "")
     return ref, Continuations(got["prompts"], got["tokens"])
-
-
-def _adapter_digest(path: Path | None) -> str | None:
-    """A content hash of an adapter's weights (the cache key must change when the adapter does)."""
-    if path is None:
-        return None
-    import hashlib
-
-    return hashlib.sha256((Path(path) / "adapter_model.safetensors").read_bytes()).hexdigest()[:20]
 
 
 def run_drift(cfg, backend, conds: dict[str, Path | None], refs: dict[str, Path | None], tokenizer,

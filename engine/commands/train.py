@@ -328,28 +328,46 @@ def build_evaluator_phase(run: TrainRun, progress: _Progress) -> None:
     run.validation = ValidationLog(run.run_dir, method_name(cfg.strategy), run.task.val, run.clock, run.tracker)
 
 
-def validate_held_out(run: TrainRun, step: int, conditions: dict[str, AdapterRef | None]) -> None:
-    """Score ``conditions`` on the held-out problems in one engine call and log them at ``step``; keeps
-    the measured seconds per condition for ``deadline_s``'s projection."""
+def validate_held_out(run: TrainRun, step: int, conditions: dict[str, AdapterRef | None],
+                      cached: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """Score ``conditions`` on the held-out problems in one engine call and log them at ``step`` with the
+    ``cached`` conditions' rewards (``{condition: (N,)}``, scored by an earlier call); keeps the measured
+    seconds per scored condition for ``deadline_s``'s projection. Returns the scored rewards."""
     from engine.evaluation.validation import held_out_rewards
 
     t0 = time.perf_counter()
     rewards = held_out_rewards(run.evaluator, conditions, run.task.val, run.cfg.eval.max_tokens, run.cfg.seed)
     run.condition_s = (time.perf_counter() - t0) / max(len(conditions), 1)
-    run.validation.add(step, rewards)
+    run.validation.add(step, {**(cached or {}), **rewards})
+    return rewards
+
+
+SAME_CALL = "scored again in the same final engine call as the ES adapters (a paired test)"
 
 
 def validate_final(run: TrainRun, step: int, conds: dict[str, AdapterRef | None]) -> str:
-    """The final paired call; where the engine's kernels move answers with the batch slot (AMX bf16 under
-    ``engine.numerics`` fast) a byte copy of the warm start rides in the same call, and the table's note
-    says on how many held-out verdicts it disagreed with the warm start: the numerics floor a gain is
-    read against (issue 42). Returns that note (empty without a copy)."""
+    """The final paired call. In float32 the warm start gives the same greedy answers in every engine call
+    (issue 37), so its per-problem rewards come from the warm-start cache when an earlier run scored the
+    same adapter, model and problems (:func:`cached_warm_start`; scored and cached otherwise); in bf16
+    it is always scored in this call, beside the exports. Where the engine's kernels move answers with
+    the batch slot (AMX bf16 under ``engine.numerics`` fast) a byte copy of the warm start rides in the
+    same call, and the table's note says on how many held-out verdicts it disagreed with the warm start:
+    the numerics floor a gain is read against (issue 42). Returns the table's note on the warm start."""
     from engine.evaluation.validation import held_out_rewards
 
+    sft = cached_warm_start(run) if "sft" in conds else None
+    if sft is not None:
+        validate_held_out(run, step, {k: v for k, v in conds.items() if k != "sft"}, cached={"sft": sft})
+        log.info("final call: the warm start's held-out rewards from the warm-start cache (float32: the same "
+                 "greedy answers in every engine call)")
+        return ("its per-problem rewards from the float32 warm-start cache (the same greedy answers in every "
+                "engine call), paired with the ES adapters' on the same problems")
     copy = numerics_copy(run, conds, step)
     if copy is None:
-        validate_held_out(run, step, conds)
-        return ""
+        rewards = validate_held_out(run, step, conds)
+        if "sft" in rewards:
+            cached_warm_start(run, scored=rewards["sft"])
+        return SAME_CALL
     t0 = time.perf_counter()
     rewards = held_out_rewards(run.evaluator, {**conds, "sft_copy": copy}, run.task.val, run.cfg.eval.max_tokens,
                                run.cfg.seed)
@@ -358,8 +376,8 @@ def validate_final(run: TrainRun, step: int, conds: dict[str, AdapterRef | None]
     run.validation.add(step, rewards)
     log.info("numerics floor: a copy of the warm start disagreed with it on %d of %d verdicts", flips,
              len(run.task.val))
-    return (f"; numerics floor: a byte copy of the warm start in the same call disagreed with it on {flips} of "
-            f"{len(run.task.val)} verdicts (engine.numerics=invariant removes it)")
+    return SAME_CALL + (f"; numerics floor: a byte copy of the warm start in the same call disagreed with it on "
+                        f"{flips} of {len(run.task.val)} verdicts (engine.numerics=invariant removes it)")
 
 
 def numerics_copy(run: TrainRun, conds: dict[str, AdapterRef | None], step: int) -> AdapterRef | None:
@@ -374,6 +392,34 @@ def numerics_copy(run: TrainRun, conds: dict[str, AdapterRef | None], step: int)
     if "amx_bf16" not in detect_device().cpu.flags:
         return None
     return AdapterRef("final-sft-copy", lora_int_id(step, run.P + 63), sft.path)
+
+
+def warm_start_cacheable(dtype: str) -> bool:
+    """Whether the warm start's held-out rewards may be reused from an earlier engine call: float32 only
+    (the same adapter gave the same greedy answers in separate calls and every batch slot, issues 37 and
+    42); bf16 answers drift between calls, so there the warm start stays in the final call."""
+    return dtype == "float32"
+
+
+def cached_warm_start(run: TrainRun, scored: np.ndarray | None = None) -> np.ndarray | None:
+    """The warm start's ``(N,)`` held-out rewards from ``$ESSA_CACHE/warm_start`` (key: the served model,
+    the adapter's bytes, dtype, engine numerics and LoRA kernels, prompt, problems, decoding, vLLM), or
+    None on a miss; with ``scored`` (this run's own rewards) a miss stores them. Always None outside
+    float32 (:func:`warm_start_cacheable`)."""
+    from engine.backends.fast_lora.plugin import vllm_version
+    from engine.evaluation.validation import adapter_digest, cached_rewards
+    from engine.model import cache_dir
+
+    cfg = run.cfg
+    if not warm_start_cacheable(run.dtype[0]) or run.sft_dir is None:
+        return None
+    key = {"model": run.serve_path, "adapter": adapter_digest(run.sft_dir), "dtype": run.dtype[0],
+           "numerics": str(cfg.engine.numerics), "fast_lora": bool(cfg.engine.fast_lora),
+           "system_prompt": cfg.task.system_prompt, "max_tokens": cfg.eval.max_tokens,
+           "problems": [(p.id, p.question, p.answer) for p in run.task.val], "vllm": vllm_version()}
+    rewards, _ = cached_rewards(cache_dir() / "warm_start", key,
+                                lambda: None if scored is None else {"sft": scored})
+    return None if rewards is None else rewards["sft"]
 
 
 def base_model_rewards(run: TrainRun, score: bool = True) -> dict[str, np.ndarray] | None:
@@ -412,7 +458,8 @@ def save_checkpoint(run: TrainRun, progress: _Progress) -> None:
 def baselines(run: TrainRun, progress: _Progress) -> None:
     """Step 0 of a new run (``eval.baselines``): the base model without an adapter, scored once per model,
     dtype, task and decoding and cached (``$ESSA_CACHE/baselines``). The warm start is scored once, in
-    the final engine call beside the exports, where the paired test needs it; genome zero is the warm
+    the final engine call beside the exports, where the paired test needs it (in float32 from
+    ``$ESSA_CACHE/warm_start`` when an earlier run scored the same adapter: :func:`validate_final`); genome zero is the warm
     start, so the mean genome's curve starts there. Under ``deadline_s`` a base model not in the cache is
     scored after the final call, if it still fits (:func:`_late_base_model`): generations come first. A
     resumed run whose periodic validation after its checkpointed generation was interrupted redoes it first."""
@@ -639,17 +686,15 @@ def finish(run: TrainRun) -> dict:
     final_step = state.generation + 1  # = generations, or fewer when a budget stopped the run
     conds = _export_adapters(run, final_step)
     sampled = None
-    floor_note = ""
+    control_note = ""
     if final_step > 0:
         log.info("final call: %s on %d held-out problems (greedy)", ", ".join(conds), len(run.task.val))
-        floor_note = validate_final(run, final_step, conds)
+        control_note = validate_final(run, final_step, conds)
         _late_base_model(run)
         sampled = sampled_metrics(run, {k: conds[k] for k in ("sft", "mean") if k in conds})
     run.evaluator.close()
-    same_call = cfg.eval.baselines and final_step > 0
     summary = final_summary(run.run_dir, run.validation.summary(), run.task.name,
-                            "scored again in the same final engine call as the ES adapters (a paired test)"
-                            + floor_note if same_call else "",
+                            control_note if cfg.eval.baselines and final_step > 0 else "",
                             n_problems=len(run.task.val), generations=final_step, stopped_by=run.stopped_by,
                             wall_s=run.clock(), tracker=run.tracker, **({"sampled": sampled} if sampled else {}),
                             **({"skipped_by_deadline": run.skipped} if run.skipped else {}))

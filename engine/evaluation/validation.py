@@ -39,6 +39,22 @@ def held_out_rewards(evaluator, conditions: dict[str, AdapterRef | None], proble
     return {k: rewards[i].reshape(len(problems), -1).mean(axis=1) for i, k in enumerate(names)}
 
 
+def adapter_digest(path: str | Path | None) -> str | None:
+    """A content hash (20 hex chars) of a PEFT adapter directory's weights and config, for cache keys that
+    must change when the adapter does; None for no adapter (the base model).
+
+    Raises:
+        FileNotFoundError: no ``adapter_model.safetensors`` in ``path``.
+    """
+    if path is None:
+        return None
+    h = hashlib.sha256((Path(path) / "adapter_model.safetensors").read_bytes())
+    config = Path(path) / "adapter_config.json"
+    if config.exists():
+        h.update(config.read_bytes())
+    return h.hexdigest()[:20]
+
+
 def cached_json(cache_dir: Path, key: dict, compute: Callable[[], dict]) -> tuple[dict, bool]:
     """A JSON-able result that does not change between runs, read from ``cache_dir`` when a run with the
     same ``key`` computed it, else computed and written there (atomically).
