@@ -131,7 +131,8 @@ def _final_run(numerics="fast", dtype="bfloat16"):
     added = []
     run = SimpleNamespace(evaluator=SimpleNamespace(backend=SimpleNamespace(numerics=numerics, dtype=dtype)), P=16,
                           task=SimpleNamespace(val=[None] * 4), cfg=SimpleNamespace(eval=SimpleNamespace(max_tokens=8), seed=0),
-                          validation=SimpleNamespace(add=lambda step, rewards: added.append(rewards)), condition_s=0.0)
+                          validation=SimpleNamespace(add=lambda step, rewards: added.append(rewards)), condition_s=0.0,
+                          dtype=(dtype, "test"), sft_dir=None)  # no warm-start directory: nothing cached
     return run, added
 
 

@@ -33,6 +33,9 @@ are the training loop's own. Both runs use the same engine with prefix caching o
 distinct adapters can never share a cached prompt) and LoRA restricted to the adapters' target
 modules.
 
+After the engine is closed, the roofline (engine/evaluation/roofline.py): torch's GEMM rate on the model's own
+shapes in this process and dtype, and each run's share of it (``roofline`` and ``roofline_fraction`` in the JSON).
+
 Output: a readable table on stdout and JSON at ``output`` (default ``<run dir>/bench.json``).
 """
 from __future__ import annotations
