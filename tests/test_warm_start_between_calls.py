@@ -59,7 +59,7 @@ def test_float32_same_answers_in_two_separate_engines(tmp_path):
     setup = dict(cfg=cfg, model=model, tokenizer=AutoTokenizer.from_pretrained(model),
                  problems=load_task(cfg.task).val[:N_PROMPTS],
                  meta=AdapterMeta(cfg.lora.rank, alpha, tuple(cfg.lora.target_modules), model))
-    ref = lambda name, k, path: AdapterRef(name, lora_int_id(-3, k), str(path))  # noqa: E731
+    ref = lambda name, k, path: AdapterRef(name, lora_int_id(-1, 100 + k), str(path))  # noqa: E731
     texts_1, rewards_1 = _score(setup, [ref("sft", 0, warm), ref("mean", 1, other)])
     texts_2, rewards_2 = _score(setup, [ref("sft", 0, warm)])
     assert all(texts_1), "empty completions: the engine did not generate"

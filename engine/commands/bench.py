@@ -202,7 +202,8 @@ class TimedBackend:
         self.last = _rate(sum(c.n_tokens for o in outs for c in o), dt)
         self.last["cpu_s"] = round(cpu, 3)
         self.last["tokens_per_cpu_s"] = round(self.last["tokens"] / cpu, 1) if cpu > 0 else 0.0
-        self.last["prompt_tokens"] = prompt_tokens(self.tokenizer, list(prompts))  # after the clock: the roofline's FLOPs
+        # after the clock: the prompt tokens of the roofline's FLOPs
+        self.last["prompt_tokens"] = prompt_tokens(self.tokenizer, list(prompts))
         return outs
 
     def close(self) -> None:

@@ -459,8 +459,8 @@ def baselines(run: TrainRun, progress: _Progress) -> None:
     """Step 0 of a new run (``eval.baselines``): the base model without an adapter, scored once per model,
     dtype, task and decoding and cached (``$ESSA_CACHE/baselines``). The warm start is scored once, in
     the final engine call beside the exports, where the paired test needs it (in float32 from
-    ``$ESSA_CACHE/warm_start`` when an earlier run scored the same adapter: :func:`validate_final`); genome zero is the warm
-    start, so the mean genome's curve starts there. Under ``deadline_s`` a base model not in the cache is
+    ``$ESSA_CACHE/warm_start`` when an earlier run scored the same adapter: :func:`validate_final`);
+    genome zero is the warm start, so the mean genome's curve starts there. Under ``deadline_s`` a base model not in the cache is
     scored after the final call, if it still fits (:func:`_late_base_model`): generations come first. A
     resumed run whose periodic validation after its checkpointed generation was interrupted redoes it first."""
     cfg, state = run.cfg, run.state
