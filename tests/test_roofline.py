@@ -96,3 +96,41 @@ def test_gemm_limit_fraction_is_flops_over_rate():
     limit = GemmLimit(s, gflops=2.0)
     assert limit.fraction(30, 10, 0.5) == pytest.approx(generation_flops(s, 30, 10) / 0.5 / 2e9)
     assert GemmLimit.measure(s, rows=2, dtype="float32", seconds=0.02).gflops > 0
+
+
+def test_train_measures_once_and_prices_a_generation(tmp_path):
+    """essa train: the limit at M = the generation's requests capped by engine.max_num_seqs, in the run's
+    dtype; a generation's fraction counts every request's prompt tokens and the completion tokens."""
+    import json
+    import types
+
+    import numpy as np
+    from omegaconf import OmegaConf
+
+    from engine.commands import train
+    from engine.commands.train_checkpoint import RunState
+    from engine.evaluation.population import EvalResult
+    from engine.evaluation.roofline import GemmLimit
+    from engine.tasks import Problem
+
+    (tmp_path / "config.json").write_text(json.dumps(FAKE))
+    cfg = OmegaConf.create({"engine": {"max_num_seqs": 5}, "rollout": {"fitness": "reward", "prompts_per_generation": 4},
+                            "task": {"system_prompt": "s"}})
+    run = types.SimpleNamespace(cfg=cfg, model_path=str(tmp_path), dtype=("float32", "test"), state=RunState(), P=2,
+                                tokenizer=None)
+    limit = train.measure_gemm_limit(run, seconds=0.02)
+    assert limit.gflops > 0 and limit.shapes == ModelShapes.from_config(FAKE)
+
+    class Tok:  # one token per character of the chat-templated prompt
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+            return "".join(m["content"] for m in messages)
+
+        def __call__(self, texts, add_special_tokens):
+            return {"input_ids": [list(t) for t in texts]}
+
+    run.tokenizer, run.gemm_limit = Tok(), GemmLimit(ModelShapes.from_config(FAKE), 1.0)
+    result = EvalResult(np.zeros(3), np.zeros((3, 1, 1)), {}, {"generate": 2.0}, tokens=6)
+    batch = [Problem("a", "qq", "1")]
+    per_prompt = len(Tok().apply_chat_template([{"content": "s"}, {"content": "qq"}], False, True))
+    got = train.generation_roofline(run, result, batch, adapters=3)
+    assert got == pytest.approx(generation_flops(ModelShapes.from_config(FAKE), 3 * per_prompt, 6) / 2.0 / 1e9)
