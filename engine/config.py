@@ -208,9 +208,9 @@ class EngineConfig:
     max_loras: adapters per batch; null = population size (+2 for validation adapters).
     kv_cache_gib: CPU back-end KV cache (GiB). gpu_memory_utilization: GPU fraction.
     fast_lora: install essa's fast CPU LoRA kernels (CPU only; GPUs keep vLLM's kernels).
-    numerics: auto | fast | invariant: kernels whose answers do not move with a request's batch slot
-    (engine/hardware.py ``resolve_numerics``; invariant: on an AMX CPU in bf16, oneDNN's AVX512-BF16 kernels
-    instead of AMX, on GPUs vLLM's batch invariance; auto = fast, chosen by signal per second).
+    numerics: auto | fast | invariant: invariant pins a candidate's answers to its weights, whatever its batch
+    slot or batch size (engine/hardware.py ``resolve_numerics``: float32 on a CPU, vLLM's batch invariance on
+    a GPU); auto = fast, chosen by signal per second.
     adapter_dir: where candidate adapters are written (null = /dev/shm when present, else temp).
     num_actors/address/gpus_per_actor/cpus_per_actor: Ray placement (engine=ray).
     tensor_parallel_size: GPUs per vLLM engine. extra: further vllm.LLM keyword arguments.

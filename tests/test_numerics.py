@@ -85,19 +85,27 @@ AMX = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
 @pytest.mark.parametrize("requested,dtype,device,env,mode", [
     ("auto", "bfloat16", _device(*AMX), {}, "fast"),                          # signal per second (lab)
-    ("invariant", "bfloat16", _device(*AMX), {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, "invariant"),
     ("fast", "bfloat16", _device(*AMX), {}, "fast"),
-    ("invariant", "float32", _device(*AMX), {}, "invariant"),                 # AMX computes no fp32 GEMM
-    ("invariant", "bfloat16", _device("avx2", "avx512f", "avx512_bf16"), {}, "invariant"),  # no AMX: nothing to cap
+    ("invariant", "float32", _device(*AMX), {}, "invariant"),                 # the CPU's invariant path
+    ("invariant", "float32", _device("avx2"), {}, "invariant"),
     ("auto", "float32", _device("avx2"), {}, "fast"),
     ("invariant", "bfloat16", _device(*AMX, gpu=True), {"VLLM_BATCH_INVARIANT": "1"}, "invariant"),
     (" Fast ", "bfloat16", _device(*AMX, gpu=True), {}, "fast"),
 ])
-def test_resolve_numerics_caps_only_what_changes_with_the_batch(requested, dtype, device, env, mode):
+def test_resolve_numerics_pins_answers_only_where_asked(requested, dtype, device, env, mode):
     from engine.hardware import resolve_numerics
 
     got_mode, got_env, reason = resolve_numerics(requested, dtype, device, environ={})
     assert (got_mode, got_env) == (mode, env) and reason
+
+
+@pytest.mark.parametrize("flags", [AMX, ("avx2", "avx512f", "avx512_bf16")])
+def test_invariant_on_a_cpu_in_bf16_is_refused_with_the_fix(flags):
+    from engine.hardware import resolve_numerics
+
+    with pytest.raises(ValueError, match=r"^engine.numerics=invariant on a CPU needs model.dtype=float32 .*add "
+                                         r"model.dtype=float32"):
+        resolve_numerics("invariant", "bfloat16", _device(*flags), environ={})
 
 
 def test_resolve_numerics_keeps_a_switch_already_set_and_rejects_unknown_modes():

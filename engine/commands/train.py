@@ -215,7 +215,7 @@ def fail_fast(run: TrainRun):
     model path, the dtypes, the quantized copy vLLM serves; logs the strategy and the genome it will
     search, with D (:func:`engine.search.search_line`). Returns the strategy class."""
     from engine.backends import require_vllm
-    from engine.hardware import resolve_dtype
+    from engine.hardware import resolve_dtype, resolve_numerics
     from engine.model import local_model_config, resolve_model_path, serving_model_path
     from engine.search import check_strategy_options, search_line, strategy_class
 
@@ -226,6 +226,7 @@ def fail_fast(run: TrainRun):
     run.model_path = resolve_model_path(cfg.model.path)
     log.info(search_line(cfg.strategy, strategy_cls, cfg.lora, local_model_config(run.model_path)))
     run.dtype = resolve_dtype(cfg.model.dtype)  # vLLM's; logs one line
+    resolve_numerics(cfg.engine.numerics, run.dtype[0])  # engine.numerics=invariant needs float32 on a CPU
     # vLLM serves the population on this checkpoint: the float model, or its quantized copy
     # (model.quantization, built once and checked here); SFT and adapters stay float
     run.serve_path = serving_model_path(run.model_path, cfg.model.quantization, run.dtype[0])
