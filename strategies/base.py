@@ -408,3 +408,22 @@ class PlainUnpickler(pickle.Unpickler):
 def plain_loads(data: bytes, modules: tuple[str, ...] = ()) -> Any:
     """``pickle.loads`` through :class:`PlainUnpickler` (raises ``pickle.UnpicklingError`` on other classes)."""
     return PlainUnpickler(io.BytesIO(data), modules=modules).load()
+
+
+class FixedSigmaCentre:
+    """Mixin for strategies that sample around a centre ``self._mean`` (D,) float64 at a fixed step size
+    ``self.sigma0`` (OpenAI-ES, arXiv 1703.03864; the perturb-select-fold strategies of strategies/perturb.py):
+    ``sigma``, ``mean`` and ``_set_mean`` of the :class:`Strategy` contract. Put it before ``Strategy``."""
+
+    @property
+    def sigma(self) -> float:
+        """The fixed sampling standard deviation, sigma0 (genome units)."""
+        return self.sigma0
+
+    @property
+    def mean(self) -> np.ndarray:
+        """(D,) float64 copy of the centre."""
+        return self._mean.copy()
+
+    def _set_mean(self, mean: np.ndarray) -> None:
+        self._mean = np.array(mean, dtype=np.float64)

@@ -313,16 +313,31 @@ class CMAES(Strategy):
                              "depends on the candidates' order); set strategy.options.ties=argsort or drop that option")
 
     def _ask(self) -> np.ndarray:
-        return np.asarray(self.es.ask())  # (P, D)
+        self._last_ask = np.asarray(self.es.ask())  # (P, D)
+        return self._last_ask.copy()
 
     def _tell(self, genomes: np.ndarray, fitness: np.ndarray) -> None:
         # pycma's TPA step-size adaptation (its default for D >= 300) draws from numpy's global
         # generator in check_consistency (np.random.randint, from iteration 4); put it back
         global_state = np.random.get_state()
+        genomes, fitness = self._in_ask_order(genomes, fitness)
         try:
             self._tell_pycma(genomes, -fitness)  # pycma minimises: negate here only
         finally:
             np.random.set_state(global_state)
+
+    def _in_ask_order(self, genomes: np.ndarray, fitness: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(genomes (P, D), fitness (P,)) in the order ``ask`` gave them, when they are the last ask's genomes
+        in another order: pycma reads TPA's pair and injected solutions by their place in the ask, so a tell
+        must not depend on the order the caller lists the candidates in."""
+        asked = getattr(self, "_last_ask", None)
+        if asked is None or asked.shape != genomes.shape:
+            return genomes, fitness
+        index = {g.tobytes(): i for i, g in enumerate(genomes)}
+        if len(index) != len(genomes) or any(a.tobytes() not in index for a in asked):
+            return genomes, fitness
+        order = [index[a.tobytes()] for a in asked]
+        return genomes[order], fitness[order]
 
     def _tell_pycma(self, genomes: np.ndarray, values: np.ndarray) -> None:
         if self.ties == "argsort" or not has_ties(values):

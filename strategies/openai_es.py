@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from strategies.base import Strategy, average_over_ties
+from strategies.base import FixedSigmaCentre, Strategy, average_over_ties
 
 __all__ = ["OpenAIES", "AdamState", "RANK_SIGNAL", "adam_step", "centred_ranks"]
 
@@ -99,7 +99,7 @@ def adam_step(grad: np.ndarray, state: AdamState, lr: float, beta1: float = 0.9,
     return lr * m_hat / (np.sqrt(v_hat) + eps), AdamState(m, v, t)
 
 
-class OpenAIES(Strategy):
+class OpenAIES(FixedSigmaCentre, Strategy):
     """OpenAI-ES (Salimans et al. 2017, §2, §2.1) behind the ask/tell contract; fitness is maximised.
 
     Args:
@@ -161,19 +161,6 @@ class OpenAIES(Strategy):
         else:
             step = self.lr * grad
         self._mean = self._mean + step
-
-    @property
-    def sigma(self) -> float:
-        """The fixed sampling standard deviation, sigma0."""
-        return self.sigma0
-
-    @property
-    def mean(self) -> np.ndarray:
-        """(D,) float64 copy of the current mean (the parameters theta of the paper)."""
-        return self._mean.copy()
-
-    def _set_mean(self, mean: np.ndarray) -> None:
-        self._mean = np.array(mean, dtype=np.float64)
 
     def _state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"mean": self._mean.copy()}

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from strategies.base import Strategy, average_over_ties
+from strategies.base import FixedSigmaCentre, Strategy, average_over_ties
 
 __all__ = ["CentredPerturbation", "check_count", "check_positive", "selection_weights"]
 
@@ -61,7 +61,7 @@ def check_positive(value: object, field: str, example: str) -> float:
     return float(value)
 
 
-class CentredPerturbation(Strategy):
+class CentredPerturbation(FixedSigmaCentre, Strategy):
     """Fixed-sigma Gaussian perturbations of a centre genome; the subclass folds the selected ones back.
 
     Args:
@@ -97,19 +97,6 @@ class CentredPerturbation(Strategy):
     def _update(self, genomes: np.ndarray, fitness: np.ndarray) -> np.ndarray:
         """The next centre (D,) from genomes (P, D) and finite fitness (P,) (maximised)."""
         raise NotImplementedError
-
-    @property
-    def sigma(self) -> float:
-        """The fixed perturbation standard deviation, sigma0 (genome units)."""
-        return self.sigma0
-
-    @property
-    def mean(self) -> np.ndarray:
-        """(D,) float64 copy of the centre."""
-        return self._mean.copy()
-
-    def _set_mean(self, mean: np.ndarray) -> None:
-        self._mean = np.array(mean, dtype=np.float64)
 
     def _state_dict(self) -> dict[str, Any]:
         return {"mean": self._mean.copy()}
