@@ -288,6 +288,19 @@ def dtype_record(requested: str, dtype: str, reason: str, device_info: DeviceInf
     return {"requested": canonical_dtype(requested), "dtype": dtype, "reason": reason, "device": dev.summary()}
 
 
+def check_numerics(requested: object) -> str:
+    """``engine.numerics`` lower-cased, checked before anything is loaded (the commands' ``validate``).
+
+    Raises:
+        ValueError: not one of :data:`NUMERICS` (one line naming ``engine.numerics`` and the choices).
+    """
+    name = str(requested).strip().lower()
+    if name not in NUMERICS:
+        raise ValueError(f"engine.numerics={requested!r}: use auto, fast (the fastest kernels, answers may move with "
+                         "the batch) or invariant (the same answers in every slot and batch size), e.g. engine.numerics=auto")
+    return name
+
+
 def resolve_numerics(requested: str, dtype: str, device_info: DeviceInfo | None = None,
                      environ: Mapping[str, str] | None = None) -> tuple[str, dict[str, str], str]:
     """Whether the engine serves a population with kernels whose answers do not depend on the batch
@@ -320,10 +333,7 @@ def resolve_numerics(requested: str, dtype: str, device_info: DeviceInfo | None 
         ValueError: an unknown ``requested``, or ``invariant`` on a CPU in bf16/fp16 (one line naming
             ``engine.numerics`` and the fix).
     """
-    name = str(requested).strip().lower()
-    if name not in NUMERICS:
-        raise ValueError(f"engine.numerics={requested!r}: use auto, fast (the fastest kernels, answers may move with "
-                         "the batch) or invariant (the same answers in every slot and batch size)")
+    name = check_numerics(requested)
     env = os.environ if environ is None else environ
     dev = device_info if device_info is not None else detect_device()
     if name in ("auto", "fast"):

@@ -132,6 +132,24 @@ def test_every_engine_config_carries_numerics():
         assert kw["numerics"] == ("fast" if overrides == ["engine.numerics=fast"] else "auto")
 
 
+@pytest.mark.parametrize("name", ["train", "eval", "bench"])
+def test_every_command_rejects_an_unknown_numerics_before_anything_loads(name):
+    """A typo in engine.numerics is refused by the command's validate (essa train: before the warm start's
+    minutes of SFT), not when the engine starts."""
+    import importlib
+
+    from hydra import compose, initialize_config_dir
+
+    from engine.commands import register_configs
+    from engine.config import CONF_DIR
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name=name, overrides=["engine.numerics=invariants"])
+    with pytest.raises(ValueError, match=r"^engine.numerics='invariants': use auto, fast .* e.g. engine.numerics=auto$"):
+        importlib.import_module(f"engine.commands.{name}_config").validate(cfg)
+
+
 # ----------------------------------------------------------------------------- the final call's floor
 def _final_run(numerics="fast", dtype="bfloat16"):
     from types import SimpleNamespace

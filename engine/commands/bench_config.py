@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 from engine.config import EngineConfig, LoRAConfig, ModelConfig
+from engine.hardware import check_numerics
 
 
 @dataclass
@@ -98,5 +99,6 @@ def validate(cfg) -> tuple[list[int], int, int, int]:
     if not isinstance(alone, int) or isinstance(alone, bool) or alone < 0:
         raise ValueError(f"bench.placebo.alone={alone!r}: must be an integer >= 0 (requests probed alone), "
                          "e.g. placebo.alone=4")
+    check_numerics(cfg.engine.numerics)
     populations = sorted({*raw, sizes["phases_population"]})
     return populations, sizes["prompts_per_candidate"], sizes["max_tokens"], sizes["phases_population"]

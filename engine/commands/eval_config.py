@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 from engine.config import ConfigError, EngineConfig, ModelConfig, RewardConfig, TaskConfig, check_sampling
+from engine.hardware import check_numerics
 from engine.results.passk import check_ks, default_ks
 
 
@@ -105,6 +106,7 @@ def validate(cfg) -> list[int]:
     if cfg.engine.backend != "local":
         raise ConfigError(f"engine.backend={cfg.engine.backend!r}: essa eval runs one local vLLM engine; "
                           f"use engine=local")
+    check_numerics(cfg.engine.numerics)
     check_drift(cfg.drift)
     if cfg.n == 1:
         if cfg.ks:

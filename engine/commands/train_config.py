@@ -11,6 +11,7 @@ from engine.config import (ConfigError, EngineConfig, LoggerConfig, LoRAConfig, 
                            SignalConfig, StrategyConfig, TaskConfig, check_context, check_engine, check_logger,
                            check_lora, check_reward, check_sampling, check_sft, check_signal, check_strategy,
                            check_task_reward)
+from engine.hardware import check_numerics
 
 
 @dataclass
@@ -179,6 +180,7 @@ def validate(cfg) -> None:
                   {"rollout.max_tokens": cfg.rollout.max_tokens, "eval.max_tokens": cfg.eval.max_tokens})
     per_batch = cfg.strategy.population_size + int(cfg.rollout.center)  # the centre is one more adapter
     check_engine(cfg.engine, per_batch)
+    check_numerics(cfg.engine.numerics)  # before the warm start, not when the engine starts
     if cfg.rollout.fitness == "likelihood" and cfg.engine.backend == "ray":
         raise ConfigError("rollout.fitness=likelihood runs on the local engine only (the Ray actors score rollouts); "
                           "set engine=local or rollout.fitness=reward")
