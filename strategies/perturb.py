@@ -45,10 +45,11 @@ def selection_weights(fitness: np.ndarray, top: int, bottom: int = 0) -> np.ndar
 
 
 def check_count(value: object, field: str, low: int, high: int, example: str) -> int:
-    """``value`` as an int in [low, high], else a one-line ValueError naming ``strategy.options.<field>``."""
+    """``value`` as an int in [low, high], else a one-line ValueError naming ``strategy.options.<field>``; its
+    example is ``example`` moved into [low, high] (a fixed default can lie outside a small population's range)."""
     if not (isinstance(value, (int, np.integer)) and not isinstance(value, bool) and low <= value <= high):
         raise ValueError(f"strategy.options.{field} must be an integer in [{low}, {high}] (got {value!r}), "
-                         f"e.g. strategy.options.{field}={example}")
+                         f"e.g. strategy.options.{field}={min(max(int(example), low), high)}")
     return int(value)
 
 

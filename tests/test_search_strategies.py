@@ -189,6 +189,16 @@ def test_bad_options_are_one_line_naming_the_field(name, options, field):
     assert field in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
+def test_a_count_option_suggests_a_value_inside_its_range():
+    """guided_cma at P 2 with its default injections=1: the message's example (was 1) must itself work."""
+    import re
+
+    with pytest.raises(ValueError, match=r"\[0, 0\] \(got 1\), e.g. strategy.options.injections=0$") as e:
+        GuidedCMAES(6, None, 0, 2, 0.1)
+    example = int(re.search(r"injections=(-?\d+)$", str(e.value)).group(1))
+    assert GuidedCMAES(6, None, 0, 2, 0.1, injections=example).injections == 0
+
+
 # --- the lab reports the oracle share and the cosine ------------------------------------------------
 
 
