@@ -195,3 +195,23 @@ def test_final_call_note_counts_the_copy_flips_and_keeps_it_out_of_the_table(mon
     note = train.validate_final(run, 10, {"sft": AdapterRef("sft", 7, "/s"), "mean": AdapterRef("mean", 8, "/m")})
     assert "sft_copy" in seen and "disagreed with it on 2 of 4 verdicts" in note
     assert set(added[0]) == {"sft", "mean"}
+
+
+def _generation_result(status: str, completion: str):
+    from types import SimpleNamespace
+
+    P, N = 3, 2
+    rows = P * N
+    return SimpleNamespace(fitness=np.array([-1.0, -1.2, -0.9]), rewards=np.array([[[-1.0], [-1.0]], [[-1.1], [-1.3]],
+                                                                               [[-0.9], [-0.9]]]),
+                           rollouts={"candidate": [p for p in range(P) for _ in range(N)], "completion": [completion] * rows,
+                                     "status": [status] * rows},
+                           timings={}, tokens=10, dense=None)
+
+
+def test_one_text_share_is_undefined_when_the_fitness_wrote_no_text():
+    """rollout.fitness=likelihood writes no completion: its one_text_share is NaN, not 1 (which reads as invariant)."""
+    from engine.commands.train import generation_row
+
+    assert np.isnan(generation_row(0, 1.0, _generation_result("likelihood", ""), 3, 0.1, 0.0, 0.0)["one_text_share"])
+    assert generation_row(0, 1.0, _generation_result("ok", "same"), 3, 0.1, 0.0, 0.0)["one_text_share"] == 1.0

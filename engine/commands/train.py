@@ -639,7 +639,8 @@ def _deadline_decision(run: TrainRun, g: int, result, row: dict) -> str:
 def generation_row(g: int, wall_s: float, result, P: int, sigma: float, t_ask: float, t_tell: float,
                    roofline: float = float("nan")) -> dict:
     """One metrics.parquet row: fitness of the P candidates, the centre (index P, when evaluated),
-    the signal diagnostics of engine/results/stats.py, the answer checks that hit reward.timeout_s
+    the signal diagnostics of engine/results/stats.py (``one_text_share`` NaN under rollout.fitness=likelihood,
+    which writes no text), the answer checks that hit reward.timeout_s
     (``n_timeouts``, completions scored NaN), tokens and seconds per phase, and ``roofline_fraction``
     (the generate call's share of the measured GEMM limit, :func:`generation_roofline`; NaN: not measured)."""
     from engine.results.stats import (one_text_share, pairwise_discordance, prompts_disagreeing,
@@ -649,15 +650,18 @@ def generation_row(g: int, wall_s: float, result, P: int, sigma: float, t_ask: f
     ok = np.isfinite(fit).any()
     tm = result.timings
     stat = (lambda f: float(f(fit))) if ok else (lambda f: float("nan"))
+    status = list(result.rollouts.get("status", ()))
+    wrote_text = not status or any(s != "likelihood" for s in status)
     row = {"generation": g, "wall_s": wall_s, "fitness_mean": stat(np.nanmean), "fitness_max": stat(np.nanmax),
            "fitness_min": stat(np.nanmin), "fitness_std": stat(np.nanstd),
            "fitness_center": float(result.fitness[P]) if len(result.fitness) > P else float("nan"),
            "split_half_rho": split_half_rank_correlation(rewards), "variance_ratio": variance_ratio(rewards),
            "prompts_disagreeing": prompts_disagreeing(rewards), "fitness_var": stat(np.nanvar),
            "pairwise_discordance": pairwise_discordance(rewards),
-           "one_text_share": one_text_share(candidate_texts(result.rollouts, P, rewards.shape[1])),
+           "one_text_share": one_text_share(candidate_texts(result.rollouts, P, rewards.shape[1])) if wrote_text
+           else float("nan"),
            "n_failed": int((~np.isfinite(fit)).sum()),
-           "n_timeouts": sum(s == "timeout" for s in result.rollouts.get("status", ())), "sigma": float(sigma),
+           "n_timeouts": status.count("timeout"), "sigma": float(sigma),
            "tokens": result.tokens, "tokens_per_s": result.tokens / max(tm.get("generate", 0.0), 1e-9),
            "t_ask": t_ask, "t_decode": tm.get("decode", 0.0), "t_write": tm.get("write", 0.0),
            "t_generate": tm.get("generate", 0.0), "t_reward": tm.get("reward", 0.0), "t_tell": t_tell,
