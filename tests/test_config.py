@@ -97,6 +97,7 @@ def test_typos_and_wrong_types_fail_at_compose(override, error):
     ("deadline_s=0", "deadline_s"),
     ("deadline_s=-5", "deadline_s"),
     ("deadline_s=inf", "deadline_s"),
+    ("rollout.placebo=true rollout.adaptive_prompts=true", "rollout.adaptive_prompts=false"),  # N would move
 ])
 def test_validate_names_the_field(override, field):
     cfg = train_cfg(*override.split())
@@ -586,3 +587,9 @@ def test_resume_does_not_redo_a_validation_deadline_skipped(monkeypatch):
         redone.clear()
         train.baselines(run, progress=None)
         assert redone == expect
+
+
+def test_a_placebo_at_a_fixed_n_validates():
+    """The fix the placebo's message names works: the placebo with fixed N (and with the other levers) runs."""
+    for extra in ([], ["rollout.fitness=likelihood"], ["rollout.dense=tiebreak"], ["strategy.population_size=2"]):
+        validate(train_cfg("rollout.placebo=true", "rollout.adaptive_prompts=false", *extra))

@@ -125,7 +125,8 @@ def register() -> None:
 
 
 def check_rollout(r) -> None:
-    """Raises ConfigError on a ``rollout`` group that cannot sample a generation."""
+    """Raises ConfigError on a ``rollout`` group that cannot sample a generation, or a placebo whose N would
+    move (``adaptive_prompts``)."""
     if r.prompts_per_generation < 1 or r.samples_per_prompt < 1 or r.max_tokens < 1:
         raise ConfigError("rollout.prompts_per_generation, rollout.samples_per_prompt and rollout.max_tokens must be >= 1")
     check_sampling("rollout", r.temperature, r.top_p)
@@ -135,6 +136,11 @@ def check_rollout(r) -> None:
     if r.fitness not in ("reward", "likelihood"):
         raise ConfigError(f"rollout.fitness={r.fitness!r}: use reward (verified answers) or likelihood (the worked "
                           "solutions' log-likelihood)")
+    if r.placebo and r.adaptive_prompts:  # identical copies rank as noise: N would double to the cap
+        raise ConfigError(f"rollout.placebo=true with rollout.adaptive_prompts=true: identical copies never rank, so N "
+                          f"would double every generation to rollout.max_prompts_per_generation="
+                          f"{r.max_prompts_per_generation} (a floor measured at another N); set "
+                          "rollout.adaptive_prompts=false and choose N with rollout.prompts_per_generation")
     if r.fitness == "likelihood" and r.dense != "off":
         raise ConfigError(f"rollout.dense={r.dense} scores rollouts, and rollout.fitness=likelihood makes none; "
                           "set rollout.dense=off or rollout.fitness=reward")
