@@ -188,6 +188,18 @@ def test_bench_populations_are_checked():
         check_settings(OmegaConf.create({**base, "max_tokens": 0}))
 
 
+def test_bench_placebo_needs_two_copies():
+    """placebo.enabled with phases_population=1 compared one copy with nothing (NaN figures); refused in one line."""
+    from engine.commands.bench_config import validate as check_settings
+
+    base = {"populations": [4], "prompts_per_candidate": 8, "max_tokens": 32, "phases_population": 1,
+            "placebo": {"enabled": True, "alone": 0}}
+    with pytest.raises(ValueError, match=r"^bench.phases_population=1 with placebo.enabled=true: .*phases_population=16"):
+        check_settings(OmegaConf.create(base))
+    assert check_settings(OmegaConf.create({**base, "phases_population": 16}))[3] == 16
+    assert check_settings(OmegaConf.create({**base, "placebo": {"enabled": False, "alone": 0}}))[3] == 1
+
+
 def test_directory_or_unreadable_file_names_task_path(tmp_path, monkeypatch):
     """A directory where a split file should be (IsADirectoryError) or an unreadable file (PermissionError):
     one ValueError line naming task.path and the fix, not a traceback (break-it finding)."""

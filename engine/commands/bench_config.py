@@ -99,6 +99,10 @@ def validate(cfg) -> tuple[list[int], int, int, int]:
     if not isinstance(alone, int) or isinstance(alone, bool) or alone < 0:
         raise ValueError(f"bench.placebo.alone={alone!r}: must be an integer >= 0 (requests probed alone), "
                          "e.g. placebo.alone=4")
-    check_numerics(cfg.engine.numerics)
+    if cfg.get("placebo", {}).get("enabled", False) and sizes["phases_population"] < 2:
+        raise ValueError(f"bench.phases_population={sizes['phases_population']} with placebo.enabled=true: the placebo "
+                         "compares identical copies and needs at least 2, e.g. phases_population=16, or "
+                         "placebo.enabled=false")
+    check_numerics(cfg.get("engine", {}).get("numerics", "auto"))
     populations = sorted({*raw, sizes["phases_population"]})
     return populations, sizes["prompts_per_candidate"], sizes["max_tokens"], sizes["phases_population"]
