@@ -73,6 +73,14 @@ def test_lab_numerics_knob_rejects_negative_values():
         MinibatchParams.with_options({"numerics": -0.1})
 
 
+@pytest.mark.parametrize("knob", ["numerics", "chaos", "dense_eta"])
+def test_lab_knobs_reject_infinity(knob):
+    """inf passed the >= 0 rules and the lab ran on it (numerics=inf: verdicts of pure noise)."""
+    with pytest.raises(ValueError, match=rf"^landscape.options.{knob}=inf: must be a finite number, e.g. "
+                                         rf"\+landscape.options.{knob}="):
+        MinibatchParams.with_options({knob: float("inf")})
+
+
 # ----------------------------------------------------------------------------- engine.numerics
 def _device(*flags, gpu=False):
     from engine.hardware import CPUInfo, DeviceInfo, GPUInfo

@@ -177,7 +177,12 @@ class MinibatchParams:
         return params
 
     def check(self) -> None:
-        """Raises ValueError naming the first knob outside its range (``landscape.options.<knob>``)."""
+        """Raises ValueError naming the first knob outside its range (``landscape.options.<knob>``); every knob
+        is finite (``inf`` passed the ``>= 0`` rules and ran, e.g. numerics=inf: verdicts of pure noise)."""
+        for f in fields(self):
+            if not math.isfinite(getattr(self, f.name)):
+                raise ValueError(f"landscape.options.{f.name}={getattr(self, f.name)}: must be a finite number, e.g. "
+                                 f"+landscape.options.{f.name}={f.default}")
         rules = [("accuracy0", 0 < self.accuracy0 < 1, "in (0, 1)"), ("pool", self.pool >= 1, ">= 1"),
                  ("held_out", self.held_out >= 1, ">= 1"), ("block", self.block >= 1, ">= 1"),
                  ("lower_weight", self.lower_weight >= 0, ">= 0"), ("chaos", self.chaos >= 0, ">= 0"),
