@@ -593,3 +593,18 @@ def test_a_placebo_at_a_fixed_n_validates():
     """The fix the placebo's message names works: the placebo with fixed N (and with the other levers) runs."""
     for extra in ([], ["rollout.fitness=likelihood"], ["rollout.dense=tiebreak"], ["strategy.population_size=2"]):
         validate(train_cfg("rollout.placebo=true", "rollout.adaptive_prompts=false", *extra))
+
+
+@pytest.mark.parametrize("argv,expect", [(["trian", "seed=1"], "did you mean essa train?"),
+                                         (["evl"], "did you mean essa eval?"),
+                                         (["foo"], "'foo' is not a command of essa")])
+def test_a_mistyped_command_is_named_not_parsed_as_an_override(argv, expect, capsys):
+    """``essa trian seed=1`` said Hydra's "Error parsing override 'trian' missing EQUAL"; now one line naming
+    the word, the commands and the nearest one."""
+    from engine.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and err[0].startswith("essa: error:") and expect in err[0] and "EQUAL" not in err[0], err

@@ -37,6 +37,8 @@ def main(argv: list[str] | None = None) -> None:
     named = bool(argv) and argv[0] in (*COMMANDS, "help")
     if named:
         command = argv.pop(0)
+    elif argv and not argv[0].startswith(("-", "+", "~")) and "=" not in argv[0]:
+        fail(ValueError(unknown_command(argv[0])))  # not an override either: Hydra said "missing EQUAL"
     if argv[:1] in (["-h"], ["--help"]) and not named or command == "help":  # then train's own --help
         print(__doc__)
         if command == "help":
@@ -51,6 +53,16 @@ def main(argv: list[str] | None = None) -> None:
         c.runner()(argv)
     except USER_ERRORS as e:
         fail(e)
+
+
+def unknown_command(word: str) -> str:
+    """The one-line refusal of a first word that is neither a command nor an override (a mistyped command)."""
+    import difflib
+
+    close = difflib.get_close_matches(word, COMMANDS, n=1)
+    hint = f"did you mean essa {close[0]}? " if close else ""
+    return (f"{word!r} is not a command of essa ({', '.join(COMMANDS)}) nor an override (key=value); "
+            f"{hint}essa help lists them")
 
 
 if __name__ == "__main__":
