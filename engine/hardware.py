@@ -297,7 +297,8 @@ def check_numerics(requested: object) -> str:
     name = str(requested).strip().lower()
     if name not in NUMERICS:
         raise ValueError(f"engine.numerics={requested!r}: use auto, fast (the fastest kernels, answers may move with "
-                         "the batch) or invariant (the same answers in every slot and batch size), e.g. engine.numerics=auto")
+                         "the batch) or invariant (the same answers in every slot and batch size), "
+                         "e.g. engine.numerics=auto")
     return name
 
 
