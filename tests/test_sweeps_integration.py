@@ -63,12 +63,12 @@ def test_optuna_sweep_maximises_the_returned_accuracy(tmp_path):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_ray_launcher") is None,
-                    reason="hydra-ray-launcher not installed (tools/setup_env.sh installs it; README Sweeps)")
+                    reason="hydra-ray-launcher not installed (tools/setup_env.sh installs it; docs/guide/sweeps.md)")
 def test_ray_launcher_sweep_of_two_jobs(tmp_path):
     sweep = tmp_path / "ray"
     # A fresh local Ray instance (address=local); each job takes both CPUs, so the jobs run one after the other.
     # On a machine starved of CPU, Ray itself may fail to start ("The current node timed out during startup":
-    # its raylet waits a fixed 15 s for its dashboard agent; README Sweeps).
+    # its raylet waits a fixed 15 s for its dashboard agent; docs/guide/sweeps.md).
     proc = essa("train", "-m", "hydra/launcher=ray", "hydra.launcher.ray.init.address=local",
                 "+hydra.launcher.ray.init.num_cpus=2", "+hydra.launcher.ray.init.include_dashboard=false",
                 "+hydra.launcher.ray.remote.num_cpus=2",
