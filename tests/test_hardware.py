@@ -214,6 +214,7 @@ def test_aten_capability_alone_does_not_change_the_dtype(tmp_path, environ, capl
     dev = DeviceInfo(cpu=read_cpu_info(f, environ=environ, onednn=True))
     assert dev.cpu.capped_by is None and dev.cpu.native_bf16
     assert resolve_dtype("auto", dev)[0] == "bfloat16"
+    caplog.clear()  # only the explicit call's records (an earlier test may have left INFO on)
     with caplog.at_level(logging.INFO, logger="essa.hardware"):
         resolve_dtype("bfloat16", dev)
     assert [r.levelno for r in caplog.records] == [logging.INFO]
@@ -228,6 +229,7 @@ def test_torch_without_onednn_has_no_native_bf16(tmp_path, flags, caplog):
     assert not info.native_bf16 and info.summary()["onednn"] is False
     dtype, reason = resolve_dtype("auto", DeviceInfo(cpu=info))
     assert dtype == "float32" and "torch.backends.mkldnn.is_available() is False" in reason
+    caplog.clear()  # only the explicit call's records (an earlier test may have left INFO on)
     with caplog.at_level(logging.INFO, logger="essa.hardware"):
         resolve_dtype("bfloat16", DeviceInfo(cpu=info))
     assert [r.levelno for r in caplog.records] == [logging.WARNING]
