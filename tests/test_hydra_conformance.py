@@ -169,6 +169,7 @@ def test_sweeps_hydra_refuses_are_refused_in_one_line(argv, refusal, userconf, c
     ["hydra.mode=MULTIRUN", "strategy.sigma0=0.1,0.2"],                       # issue 38 case 3
     ["-m", "-cd", USER, "strategy=mine,cma_es", "strategy.sigma0=0.2"],       # a sweep over a user's own option
     ["-m", f"hydra.searchpath=[file://{USER}]", "strategy=mine", "strategy.options.ties=average,argsort"],
+    ["-m", "+hydra.job.env_set.ESSA_TEST_FLAG=1", "seed=0,1"],  # a '+hydra...' addition is the master's, not each job's
 ])
 def test_sweeps_run_the_jobs_hydra_runs(argv, userconf, capsys, monkeypatch, tmp_path):
     """A sweep runs the same jobs with the same configs through essa (its job function faked) and the

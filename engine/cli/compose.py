@@ -99,7 +99,9 @@ class Composer:
         master = self._cache.get("multirun") or self.compose(mode=RunMode.MULTIRUN)
         ConfigLoaderImpl.validate_sweep_overrides_legal(OverridesParser.create().parse_overrides(self.overrides),
                                                         run_mode=RunMode.MULTIRUN, from_shell=True)
-        return [master] + [self.loader.load_sweep_config(master, job) for job in sweep_jobs(self.overrides)]
+        task = [o.input_line for o in OverridesParser.create().parse_overrides(self.overrides)
+                if not o.is_hydra_override()]  # the sweeper sees the task's overrides; the master holds hydra's
+        return [master] + [self.loader.load_sweep_config(master, job) for job in sweep_jobs(task)]
 
 
 def sweep_jobs(overrides: list[str]) -> list[list[str]]:
