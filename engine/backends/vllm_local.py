@@ -218,7 +218,8 @@ class VLLMBackend:
 
         Returns:
             R lists of T_r - 1 natural-log probabilities (float), entry t = log p(token t+1 | tokens <= t),
-            computed by the engine in its dtype with the raw (untempered) distribution.
+            computed by the engine in its dtype with the raw (untempered) distribution, never from KV
+            blocks cached by an earlier request (prefix caching stays on for generation).
 
         Raises:
             ValueError: lengths differ, or a sequence has fewer than 2 tokens.
@@ -232,7 +233,10 @@ class VLLMBackend:
             raise ValueError(f"{len(token_ids)} sequences but {len(adapters)} adapters")
         if any(len(ids) < 2 for ids in token_ids):
             raise ValueError("every scored sequence needs at least 2 tokens (a context and a scored token)")
-        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        # No cached prefix is read: every scored token is computed in this call (the pinned vLLM 0.32 skips the read
+        # for prompt_logprobs requests by default; said here so a changed default cannot change a score).
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False,
+                                skip_reading_prefix_cache=True)
         prompts = [TokensPrompt(prompt_token_ids=list(map(int, ids))) for ids in token_ids]
         loras = [None if a is None else LoRARequest(a.name, a.lora_int_id, a.path) for a in adapters]
         outs = self._generate(prompts, [params] * len(prompts), loras, use_tqdm)
