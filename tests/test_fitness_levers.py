@@ -9,14 +9,33 @@ from engine.evaluation.population import EvalResult, dense_tiebreak, dense_weigh
 from rewards.likelihood import ANSWER_LEAD, answer_context
 
 
-@pytest.mark.parametrize("completion, context, target", [
-    ("3 + 4 = 7. The final answer is \\boxed{7}.", "3 + 4 = 7. The final answer is \\boxed{", "7}"),
-    ("a \\boxed{1} then \\boxed{2}", "a \\boxed{1} then \\boxed{", "7}"),           # the last box counts
-    ("3 + 4 = 7.  ", "3 + 4 = 7." + ANSWER_LEAD, "7}"),                               # no box: the taught format
-    ("", ANSWER_LEAD, "7}"),
+@pytest.mark.parametrize("completion, context, close", [
+    ("3 + 4 = 7. The final answer is \\boxed{7}.", "3 + 4 = 7. The final answer is \\boxed{", "}."),
+    ("a \\boxed{1} then \\boxed{2}$ end", "a \\boxed{1} then \\boxed{", "}$ end"),       # the last box counts
+    ("so \\boxed{\\frac{1}{2}}.\n", "so \\boxed{", "}.\n"),                          # nested braces skipped
+    ("so \\boxed{12", "so \\boxed{", "}."),                                            # never closed: the taught close
+    ("3 + 4 = 7.  ", "3 + 4 = 7." + ANSWER_LEAD, "}."),                                 # no box: the taught format
+    ("", ANSWER_LEAD, "}."),
 ])
-def test_answer_context_cuts_at_the_answer(completion, context, target):
-    assert answer_context(completion, " 7 ") == (context, target)
+def test_answer_context_cuts_at_the_answer(completion, context, close):
+    assert answer_context(completion, " 7 ") == (context, "7", close)
+
+
+def test_dense_target_ends_with_the_token_the_rollout_wrote():
+    """issue 40 item 2, on the embedded model's tokenizer: the scored target of a rollout that closed its box
+    with ``}.`` is the answer's tokens then the ``}.`` token (one token), not a lone ``}``."""
+    from transformers import AutoTokenizer
+
+    from engine.evaluation.prefill import encode_answer_pairs
+    from engine.model import resolve_model_path
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_path("embedded:smollm2-135m-instruct"))
+    text = "3 + 4 = 7. The final answer is \\boxed{7}."
+    written = tok(text, add_special_tokens=False)["input_ids"]
+    context, answer, close = answer_context(text, "7")
+    [(prefix, target)] = encode_answer_pairs(tok, [context], [answer], [close])
+    assert prefix + target == written                     # exactly the tokens the rollout wrote
+    assert tok.decode(target[-1:]) == "}." and tok.convert_tokens_to_ids("}") not in target
 
 
 def test_tiebreak_orders_ties_and_never_reverses_a_difference():

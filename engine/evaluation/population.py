@@ -39,8 +39,8 @@ class EvalResult:
         timings: seconds per phase (decode, write, generate, reward, and dense when scored).
         tokens: completion tokens generated.
         dense: (P, N, G) float64 log p(reference answer | prompt, the completion's own reasoning) per
-            completion (nats, a sum over the answer's tokens; :func:`dense_scores`), or None when the
-            evaluator does not score it.
+            completion (nats, a sum over the answer's tokens and its closing brace token;
+            :func:`dense_scores`), or None when the evaluator does not score it.
     """
 
     fitness: np.ndarray
@@ -322,25 +322,26 @@ class PopulationEvaluator:
 
     def dense_scores(self, adapters: Sequence[AdapterRef | None], problems: Sequence[Problem], completions,
                      timings: dict | None = None) -> np.ndarray:
-        """The dense reward of every completion: log p(reference answer | prompt, the completion's own
-        reasoning up to its answer) under the adapter that wrote it (Kwiatkowski et al., arXiv
-        2602.03979), one prefill-only pass through the same multi-LoRA batch (engine/evaluation/prefill.py).
+        """The dense reward of every completion: log p(reference answer, then the completion's own closing
+        brace token | prompt, the completion's own reasoning up to its answer) under the adapter that wrote
+        it (Kwiatkowski et al., arXiv 2602.03979; rewards/likelihood.py), one prefill-only pass through the
+        same multi-LoRA batch (engine/evaluation/prefill.py).
 
         Args:
             adapters: A adapter refs. problems: N problems. completions: nested [A][N][G] Completion.
 
         Returns:
-            (A, N, G) float64 nats (a sum over the answer's tokens; 0 is certainty).
+            (A, N, G) float64 nats (a sum over the answer's tokens and the closing brace token; 0 is certainty).
         """
-        from engine.evaluation.prefill import encode_pairs, target_logprobs
+        from engine.evaluation.prefill import encode_answer_pairs, target_logprobs
         from rewards.likelihood import answer_context
 
         t0 = time.perf_counter()
         prompts = self.prompts(problems)
         A, N, G = len(adapters), len(problems), len(completions[0][0])
         cut = [answer_context(c.text, problems[n].answer) for a in range(A) for n in range(N) for c in completions[a][n]]
-        prefixes = [prompts[(i // G) % N] + ctx for i, (ctx, _) in enumerate(cut)]
-        pairs = encode_pairs(self.tokenizer, prefixes, [target for _, target in cut])
+        prefixes = [prompts[(i // G) % N] + ctx for i, (ctx, _, _) in enumerate(cut)]
+        pairs = encode_answer_pairs(self.tokenizer, prefixes, [a for _, a, _ in cut], [c for _, _, c in cut])
         flat_adapters = [adapters[i // (N * G)] for i in range(A * N * G)]
         scores = np.array([lp.sum() for lp in target_logprobs(self.backend, pairs, flat_adapters)])
         if timings is not None:

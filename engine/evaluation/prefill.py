@@ -44,6 +44,26 @@ def encode_pairs(tokenizer, prefixes: Sequence[str], targets: Sequence[str]) -> 
     return pairs
 
 
+def encode_answer_pairs(tokenizer, prefixes: Sequence[str], answers: Sequence[str],
+                        closes: Sequence[str]) -> list[Pair]:
+    """Pairs whose target is an answer's tokens then the first token of its close text (e.g. ``}.``), each
+    part tokenised apart so the answer's tokens are the ones scored and the close is the token the rollout
+    wrote (rewards/likelihood.py; issue 40 item 2).
+
+    Raises:
+        ValueError: lengths differ, or a prefix, answer or close encodes to no token.
+    """
+    if not len(prefixes) == len(answers) == len(closes):
+        raise ValueError(f"{len(prefixes)} prefixes, {len(answers)} answers and {len(closes)} closes")
+    pairs = encode_pairs(tokenizer, prefixes, answers)
+    for (_, target), close in zip(pairs, closes):
+        ids = tokenizer(close, add_special_tokens=False)["input_ids"]
+        if not ids:
+            raise ValueError(f"an empty close cannot be scored: {close[:40]!r}")
+        target.append(int(ids[0]))
+    return pairs
+
+
 def target_logprobs(backend, pairs: Sequence[Pair], adapters: Sequence[AdapterRef | None],
                     use_tqdm: bool = False) -> list[np.ndarray]:
     """log p of every target token given its prefix and the target tokens before it, per pair.
