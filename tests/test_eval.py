@@ -155,6 +155,97 @@ def test_conditions_and_config_errors(tmp_path):
             run_eval(compose_eval(bad), tmp_path / "x", backend=ScriptedBackend({}))
 
 
+class DiceBackend(ScriptedBackend):
+    """vLLM's seeded sampling in miniature: sample g of a request with seed s draws u from
+    ``default_rng(s + g)`` (vllm/v1/engine/parallel_sampling.py gives child g the seed s + g) and a
+    condition answers right when u < its skill, so two conditions with the same skill give the same
+    answers exactly when they get the same seeds. Records the request seeds of every call."""
+
+    SKILL = {None: 0.2, "twin_a": 0.5, "twin_b": 0.5, "better": 0.8}
+
+    def __init__(self, answers):
+        super().__init__(answers)
+        self.seeds = []
+
+    def generate(self, prompts, adapters, sampling, use_tqdm=True):
+        seeds = sampling.request_seeds(prompts, adapters)
+        self.seeds.append(seeds)
+        out = []
+        for p, a, seed in zip(prompts, adapters, seeds):
+            ans, skill = next(v for q, v in self.answers.items() if q in p), self.SKILL[a and Path(a.path).name]
+            us = [0.0] if seed is None else [np.random.default_rng(seed + g).random() for g in range(sampling.n)]
+            out.append([Completion(f"\\boxed{{{ans}}}" if u < skill else "\\boxed{-1}", 5) for u in us])
+        return out
+
+
+def _adapters(tmp_path, names):
+    for name in names:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 16,
+                                                                          "target_modules": ["q_proj"]}))
+    return "[" + ",".join(str(tmp_path / n) for n in names) + "]"
+
+
+def test_pass_at_k_study_common_seeds_and_paired_differences(tmp_path, capsys):
+    """issue 44: every condition samples problem i with the same seeds, so identical adapters differ by
+    exactly 0; each condition gets its difference against the control (default: the first adapter) with a
+    paired bootstrap interval, and the others are compared pairwise."""
+    from engine.tasks import load_task
+
+    cfg = compose_eval(["task.val_size=30", "n=8", "ks=[1,2,8]", "max_tokens=8",
+                        f"adapters={_adapters(tmp_path, ['twin_a', 'twin_b', 'better'])}"])
+    backend = DiceBackend({p.question: p.answer for p in load_task(cfg.task).val})
+    summary = run_eval(cfg, tmp_path / "out", backend=backend)
+
+    greedy_seeds, sampled_seeds = backend.seeds
+    assert greedy_seeds == [None] * 120                                   # temperature 0 draws nothing
+    seeds = np.array(sampled_seeds).reshape(4, 30)                        # (A conditions, N problems)
+    assert np.all(seeds == seeds[0]) and len(set(seeds[0])) == 30         # same per problem, distinct across
+
+    conds = summary["conditions"]
+    assert summary["control"] == "twin_a" and "pass_at_k_vs_control" not in conds["twin_a"]
+    twin = conds["twin_b"]["pass_at_k_vs_control"]
+    assert twin == {k: {"diff": 0.0, "low": 0.0, "high": 0.0, "problems": 30} for k in ("1", "2", "8")}
+    better, base = conds["better"]["pass_at_k_vs_control"], conds["no_adapter"]["pass_at_k_vs_control"]
+    assert better["1"]["low"] > 0.0 and all(better[k]["diff"] >= 0.0 for k in better)   # same dice, more skill
+    assert base["1"]["high"] < 0.0
+    assert better["1"]["diff"] == pytest.approx(conds["better"]["pass_at_k"]["1"] - conds["twin_a"]["pass_at_k"]["1"])
+    assert [(p["condition"], p["against"]) for p in summary["pass_at_k_pairs"]] == \
+        [("no_adapter", "twin_b"), ("no_adapter", "better"), ("twin_b", "better")]
+    for row in conds.values():                                           # each mean inside its own interval
+        for k, (lo, hi) in row["pass_at_k_ci95"].items():
+            assert lo <= row["pass_at_k"][k] <= hi
+    assert summary["bootstrap"]["resamples"] == 2000
+    saved = json.loads((tmp_path / "out" / "eval_summary.json").read_text())
+    assert saved["conditions"]["twin_b"]["pass_at_k_vs_control"]["8"]["problems"] == 30
+    out = capsys.readouterr().out
+    assert "pass@k differences" in out and "twin_b - twin_a" in out and "twin_b - better" in out
+    assert "+0.000 [+0.000, +0.000]" in out
+
+    cfg = compose_eval(["task.val_size=30", "n=8", "ks=[1,8]", "max_tokens=8", "control=no_adapter",
+                        f"adapters=[{tmp_path / 'twin_a'},{tmp_path / 'better'}]"])
+    backend = DiceBackend({p.question: p.answer for p in load_task(cfg.task).val})
+    summary = run_eval(cfg, tmp_path / "out2", backend=backend)
+    assert summary["control"] == "no_adapter" and summary["conditions"]["better"]["pass_at_k_vs_control"]["1"]["low"] > 0
+    assert [(p["condition"], p["against"]) for p in summary["pass_at_k_pairs"]] == [("twin_a", "better")]
+
+
+def test_control_names_a_condition(tmp_path):
+    from engine.commands.eval_config import resolve_control
+
+    assert resolve_control(None, ["no_adapter", "sft", "mean"]) == "sft"       # the first adapter
+    assert resolve_control(None, ["no_adapter"]) == "no_adapter"
+    assert resolve_control(None, ["run/mean", "run/best"]) == "run/mean"
+    assert resolve_control("mean", ["no_adapter", "sft", "mean"]) == "mean"
+    cfg = compose_eval(["n=4", "control=sft", f"adapters={_adapters(tmp_path, ['warm', 'trained'])}"])
+    backend = ScriptedBackend({})
+    with pytest.raises(ConfigError) as e:
+        run_eval(cfg, tmp_path / "x", backend=backend)
+    msg = str(e.value)
+    assert msg.startswith("control='sft' is not an evaluated condition; available: no_adapter, warm, trained")
+    assert "\n" not in msg and backend.calls == []                       # refused before any generation
+
+
 @pytest.mark.integration
 def test_essa_eval_on_gsm8k_rows(tmp_path):
     """Four real GSM8K test rows, base model + a random LoRA adapter, through the essa CLI."""
@@ -181,6 +272,13 @@ def test_essa_eval_on_gsm8k_rows(tmp_path):
         assert all(0.0 <= v <= 1.0 for v in vals), cond
         pk = [cond["pass_at_k"][k] for k in ("1", "2", "4")]
         assert pk == sorted(pk) and pk[0] == pytest.approx(cond["avg_at_n"])
+        assert all(lo <= cond["pass_at_k"][k] <= hi for k, (lo, hi) in cond["pass_at_k_ci95"].items())
+    # issue 44: the base model against the control (the adapter, the first one), paired over the 4 problems
+    assert summary["control"] == "sft_like" and summary["pass_at_k_pairs"] == []
+    vs = summary["conditions"]["no_adapter"]["pass_at_k_vs_control"]
+    assert set(vs) == {"1", "2", "4"}
+    assert all(d["problems"] <= 4 and (d["diff"] is None or d["low"] <= d["diff"] <= d["high"]) for d in vs.values())
+    assert "pass@k differences" in res.stdout
     rows = pq.read_table(out / "eval_problems.parquet").to_pylist()
     assert len(rows) == 8
     assert all(r["problem_id"].startswith("gsm8k/test/") and r["n"] + r["n_error"] == 4 for r in rows)

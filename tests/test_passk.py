@@ -152,3 +152,118 @@ def test_train_sampled_pass_logs_what_it_scores_and_counts_pass_at_n(caplog):
     assert "essa eval adapters=[sft," in caplog.text and "include_base=false n=4 temperature=0.7 limit=2 max_tokens=16" in caplog.text
     cfg.deadline_s = 1000.0
     assert sampled_metrics(run, {"sft": None, "mean": None})["mean"]["pass_at_n"] == 1.0
+
+
+# --- paired comparisons (engine/results/passk_compare.py) ----------------------------------------
+
+from engine.results.passk_compare import (bootstrap_mean_interval, bootstrap_weights, compare_conditions,  # noqa: E402
+                                          compare_pair, paired_bootstrap_diff, pass_at_k_per_problem)
+
+
+def _crn_counts(q: np.ndarray, n: int, rng) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Uniforms (N, n) shared by every condition (common random numbers); c of a condition with per-sample
+    success probability q (N,) = how many of a problem's uniforms fall below q."""
+    u = rng.random((q.size, n))
+    return u, np.full(q.size, n), (u < q[:, None]).sum(axis=1)
+
+
+def test_per_problem_matrix_and_weights():
+    n, c, ks = np.array([8, 8, 4]), np.array([0, 3, 4]), [1, 2, 4]
+    m = pass_at_k_per_problem(n, c, ks)
+    assert m.shape == (3, 3)
+    np.testing.assert_allclose(m, [[brute_force(8, 0, k), brute_force(8, 3, k), brute_force(4, 4, k)] for k in ks])
+    w = bootstrap_weights(5, 7, np.random.default_rng(0))
+    assert w.shape == (7, 5) and w.dtype == np.int64 and np.all(w.sum(axis=1) == 5)
+    assert not np.all(w == 1)                                      # resampled, not the identity
+    mean, lo, hi = bootstrap_mean_interval(m, resamples=500, seed=1)
+    np.testing.assert_allclose(mean, m.mean(axis=1))
+    assert np.all(lo <= mean) and np.all(mean <= hi) and np.all(lo < hi)
+    with pytest.raises(ValueError, match="n_problems >= 1"):
+        bootstrap_weights(0, 10, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="confidence"):
+        bootstrap_mean_interval(m, confidence=95)
+
+
+def test_identical_conditions_differ_by_exactly_zero():
+    rng = np.random.default_rng(0)
+    _, n, c = _crn_counts(rng.random(60), 16, rng)
+    vals = pass_at_k_per_problem(n, c, [1, 4, 16])
+    res = paired_bootstrap_diff(vals, vals.copy(), resamples=1000, seed=3)
+    assert res["problems"] == 60
+    assert np.all(res["diff"] == 0.0) and np.all(res["low"] == 0.0) and np.all(res["high"] == 0.0)
+
+
+def test_a_condition_that_solves_more_has_a_positive_interval():
+    rng = np.random.default_rng(1)
+    q = rng.uniform(0.0, 0.6, size=80)
+    _, n, c_ctrl = _crn_counts(q, 16, np.random.default_rng(2))
+    _, _, c_trt = _crn_counts(np.minimum(q + 0.2, 1.0), 16, np.random.default_rng(2))   # same dice, higher skill
+    assert np.all(c_trt >= c_ctrl) and np.any(c_trt > c_ctrl)
+    table = compare_pair((n, c_trt), (n, c_ctrl), [1, 2, 4, 8, 16], resamples=1000, seed=0)
+    for k, d in table.items():
+        assert d["problems"] == 80
+        assert 0.0 < d["low"] <= d["diff"] <= d["high"], (k, d)
+    back = compare_pair((n, c_ctrl), (n, c_trt), [1, 16], resamples=1000, seed=0)   # the sign follows a - b
+    assert back["1"]["diff"] == pytest.approx(-table["1"]["diff"]) and back["16"]["high"] < 0.0
+
+
+def test_paired_interval_covers_the_truth():
+    """Problems drawn from a population with known mean pass@k difference: the 95 % interval covers it
+    in about 95 % of repeated studies (the per-problem estimator is unbiased, Chen et al. Eq. 1)."""
+    ks, n, N, shift = [1, 4], 8, 120, 0.15
+    grid = (np.arange(200_000) + 0.5) / 200_000                      # q ~ U(0, 0.7): the truth by quadrature
+    q_all = 0.7 * grid
+    truth = {k: float(np.mean((1 - (1 - np.minimum(q_all + shift, 1)) ** k) - (1 - (1 - q_all) ** k))) for k in ks}
+    rng, covered, reps = np.random.default_rng(7), {k: 0 for k in ks}, 200
+    for rep in range(reps):
+        q = rng.uniform(0.0, 0.7, size=N)
+        u = rng.random((N, n))
+        c_ctrl, c_trt = (u < q[:, None]).sum(1), (u < np.minimum(q + shift, 1)[:, None]).sum(1)
+        table = compare_pair((np.full(N, n), c_trt), (np.full(N, n), c_ctrl), ks, resamples=500, seed=rep)
+        for k in ks:
+            covered[k] += table[str(k)]["low"] <= truth[k] <= table[str(k)]["high"]
+    for k in ks:
+        assert 0.88 <= covered[k] / reps <= 0.995, (k, covered[k] / reps)
+
+
+def test_pairing_narrows_the_interval():
+    """Correlated conditions (hard problems are hard for both): the paired interval is much narrower than
+    one from independent resamples of the two conditions."""
+    rng = np.random.default_rng(4)
+    q = rng.uniform(0.0, 0.25, size=150)                             # pass@16 from 0 to about 0.99
+    _, n, c_ctrl = _crn_counts(q, 16, np.random.default_rng(5))
+    _, _, c_trt = _crn_counts(q + 0.02, 16, np.random.default_rng(5))
+    ks = [1, 4, 16]
+    trt, ctrl = pass_at_k_per_problem(n, c_trt, ks), pass_at_k_per_problem(n, c_ctrl, ks)
+    paired = paired_bootstrap_diff(trt, ctrl, resamples=2000, seed=0)
+    g = np.random.default_rng(0)
+    w_t, w_c = bootstrap_weights(150, 2000, g), bootstrap_weights(150, 2000, g)          # independent draws
+    unpaired = (trt @ w_t.T - ctrl @ w_c.T) / 150                                      # (K, B)
+    lo, hi = np.quantile(unpaired, [0.025, 0.975], axis=1)
+    width_paired, width_unpaired = paired["high"] - paired["low"], hi - lo
+    assert np.all(width_paired < 0.75 * width_unpaired), (width_paired, width_unpaired)
+    assert width_paired[0] < 0.5 * width_unpaired[0]                   # pass@1: a quarter of the width here
+    np.testing.assert_allclose(paired["diff"], (trt - ctrl).mean(axis=1))
+
+
+def test_compare_conditions_common_set_pairs_and_errors():
+    # problem 2 has only 2 scorable samples under "b": out of every comparison with b, in the others
+    n = {"ctrl": np.array([4, 4, 4]), "a": np.array([4, 4, 4]), "b": np.array([4, 4, 2])}
+    c = {"ctrl": np.array([0, 1, 2]), "a": np.array([1, 2, 2]), "b": np.array([0, 1, 2])}
+    counts = {k: (n[k], c[k]) for k in n}
+    vs, pairs = compare_conditions(counts, [1, 4], "ctrl", resamples=200, seed=0)
+    assert list(vs) == ["a", "b"]
+    assert vs["a"]["1"]["problems"] == 3 and vs["b"]["1"]["problems"] == 2 and vs["b"]["4"]["problems"] == 2
+    assert vs["a"]["1"]["diff"] == pytest.approx((1 + 1 + 0) / 4 / 3)
+    assert vs["b"]["1"]["diff"] == 0.0 and vs["b"]["4"] == {"diff": 0.0, "low": 0.0, "high": 0.0, "problems": 2}
+    assert [(p["condition"], p["against"]) for p in pairs] == [("a", "b")]
+    assert pairs[0]["pass_at_k"]["1"]["diff"] == pytest.approx((1 + 1) / 4 / 2)
+    assert compare_conditions({"x": counts["a"], "y": counts["b"]}, [1], "x", resamples=50)[1] == []
+    again = compare_conditions(counts, [1, 4], "ctrl", resamples=200, seed=0)
+    assert again == (vs, pairs)                                      # seeded: the same intervals
+    with pytest.raises(ValueError, match="control='nope' is not a condition; available: ctrl, a, b"):
+        compare_conditions(counts, [1], "nope")
+    with pytest.raises(ValueError, match="same problems"):
+        compare_pair((np.array([4, 4]), np.array([1, 1])), (np.array([4]), np.array([1])), [1])
+    empty = compare_pair((np.array([2]), np.array([1])), (np.array([4]), np.array([1])), [4])
+    assert empty == {"4": {"diff": None, "low": None, "high": None, "problems": 0}}

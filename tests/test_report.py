@@ -238,3 +238,62 @@ def test_cli_exits_1_naming_a_failed_figure_and_writes_the_rest(tmp_path, capsys
     assert "`sigma.png` (error: ValueError: x and y differ)" in (run / "report" / "report.md").read_text()
     assert not list((run / "report").glob(".*tmp*"))
     assert make_report([run], tmp_path / "lenient")[-1].name == "report.md"   # train's end-of-run report stays lenient
+
+
+def _passk_study(tmp_path: Path) -> Path:
+    """An essa eval directory of the pass@k study (issue 44): three conditions, the control ``sft``, each
+    condition's bootstrap interval and its paired difference against the control."""
+    d = tmp_path / "study"
+    d.mkdir()
+    ks = ["1", "2", "4", "8"]
+    pk = {"sft": [0.30, 0.42, 0.55, 0.66], "essa": [0.34, 0.46, 0.58, 0.68], "grpo": [0.33, 0.44, 0.55, 0.64]}
+    conds = {c: {"greedy_accuracy": v[0], "avg_at_n": v[0], "n_problems": 50, "pass_at_k": dict(zip(ks, v)),
+                 "pass_at_k_ci95": {k: [x - 0.05, x + 0.05] for k, x in zip(ks, v)}} for c, v in pk.items()}
+    for c in ("essa", "grpo"):
+        conds[c]["pass_at_k_vs_control"] = {k: {"diff": x - y, "low": x - y - 0.02, "high": x - y + 0.02, "problems": 50}
+                                            for k, x, y in zip(ks, pk[c], pk["sft"])}
+    pairs = [{"condition": "essa", "against": "grpo",
+              "pass_at_k": {k: {"diff": x - y, "low": x - y - 0.03, "high": x - y + 0.03, "problems": 50}
+                            for k, x, y in zip(ks, pk["essa"], pk["grpo"])}}]
+    (d / "eval_summary.json").write_text(json.dumps({"label": "study", "task": "arithmetic", "split": "val", "n": 8,
+                                                     "temperature": 1.0, "ks": [1, 2, 4, 8], "control": "sft",
+                                                     "conditions": conds, "pass_at_k_pairs": pairs}))
+    return d
+
+
+def test_passk_figures_draw_intervals_and_the_difference_against_the_control(tmp_path):
+    """passk.png shades each condition's bootstrap interval; passk_diff.png draws each condition minus the
+    control with its paired interval and a zero line; both are written as PNGs, report.md has the table."""
+    from matplotlib.collections import PolyCollection
+
+    figs = build_figures([load_run(_passk_study(tmp_path))])
+    ax = figs["passk"].axes[0]
+    bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
+    assert len(ax.lines) == 3 and len(bands) == 3
+    lows = sorted(round(float(v[1]), 6) for b in bands for v in b.get_paths()[0].vertices if v[0] == 1)
+    assert {0.25, 0.29, 0.28} <= set(lows)                           # each band starts at its pass@1 - 0.05
+    assert len({l.get_color() for l in ax.lines}) == 3                # one eval: a colour per condition
+    assert len({l.get_marker() for l in ax.lines}) == 3               # and a marker, kept when runs are overlaid
+    diff = figs["passk_diff"].axes[0]
+    assert (diff.get_title(), diff.get_xlabel(), diff.get_xscale()) == (
+        "pass@k difference against the control (paired bootstrap 95 % interval)", "k (samples per problem)", "log")
+    curves = {l.get_label().split(" (")[0]: l for l in diff.lines if l.get_label() and not l.get_label().startswith("_")}
+    assert set(curves) == {"study: essa - sft", "study: grpo - sft"}
+    np.testing.assert_allclose(curves["study: essa - sft"].get_ydata(), [0.04, 0.04, 0.03, 0.02], atol=1e-12)
+    assert any(list(l.get_ydata()) == [0.0, 0.0] for l in diff.lines)   # the zero line
+    assert len([c for c in diff.collections if isinstance(c, PolyCollection)]) == 2
+    colour = {l.get_label().split(" (")[0]: l.get_color() for l in ax.lines}
+    assert curves["study: essa - sft"].get_color() == colour["study: essa"]  # a condition keeps its colour
+
+    paths = make_report([tmp_path / "study"], tmp_path / "r")
+    assert {p.name for p in paths} == {"passk.png", "passk_diff.png", "report.md"}
+    for p in paths[:-1]:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 1024
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "| study | [study](../study) | 1.0 | 8 | essa | sft | +0.040 [+0.020, +0.060] |" in md
+    assert "| essa | grpo | +0.010 [-0.020, +0.040] | +0.020 [-0.010, +0.050] | +0.030 [+0.000, +0.060] |" in md
+    assert "-0.000" not in md                                        # -1e-17 prints +0.000
+    assert "![pass@k difference against the control (paired bootstrap 95 % interval)](passk_diff.png)" in md
+    assert "passk_diff" not in build_figures([load_run(FIXTURE)])    # summaries without it: not drawn
+    assert "`passk_diff.png` (no eval_summary.json with pass_at_k_vs_control" in \
+        (make_report([FIXTURE], tmp_path / "old")[-1]).read_text()

@@ -10,6 +10,14 @@ vLLM batch (the same engine and reward as training, engine/backends/vllm_local.p
    samples) and pass@k for every k in ``ks`` with the unbiased estimator of Chen et al. 2021
    (arXiv 2107.03374, Eq. 1; engine/results/passk.py). F-GRPO (arXiv 2602.06717) reports pass@256 this way.
 
+The pass@k study (issue 44): the sampled pass draws with common random numbers, sample g of problem i
+from the same seed under every condition (request seed ``seed + crc32(prompt)``, ``Sampling.common_seeds``;
+vLLM seeds sample g of a request with seed + g), so conditions differ by their weights, not by their dice.
+Every condition other than ``control`` gets its pass@k difference against the control, and with three
+or more conditions every pair of the others is compared too, each with a paired bootstrap interval over
+the problems both score (engine/results/passk_compare.py); each condition's pass@k gets the bootstrap
+interval of its mean over problems.
+
 A sample counts as solved when its reward status is ``correct``; ``timeout`` (the completion made the
 checker hang) counts as unsolved; ``error`` (the reference cannot be scored) is left out of n, never
 scored 0 (docs/ARCHITECTURE.md).
@@ -26,7 +34,7 @@ Outputs in the run directory (Hydra's, or ``output_dir``):
 | file | content |
 |---|---|
 | ``eval_problems.parquet`` | one row per (condition, problem), columns below |
-| ``eval_summary.json`` | settings and, per condition, ``greedy_accuracy, greedy_accuracy_flexible, avg_at_n, avg_at_n_flexible, pass_at_k {k: value}, n_problems`` |
+| ``eval_summary.json`` | settings and, per condition, ``greedy_accuracy, greedy_accuracy_flexible, avg_at_n, avg_at_n_flexible, pass_at_k {k: value}, pass_at_k_ci95 {k: [low, high]}, pass_at_k_vs_control {k: {diff, low, high, problems}}, n_problems``; ``control``, ``pass_at_k_pairs`` and ``bootstrap`` at the top |
 | ``eval_samples.parquet`` | with ``save_completions=true``: one row per completion |
 
 eval_problems.parquet columns: ``problem_id, condition, adapter, reference, greedy_correct,
@@ -48,7 +56,7 @@ import numpy as np
 
 from engine import io
 from engine.backends import AdapterRef, Sampling, lora_int_id
-from engine.commands.eval_config import RUN_ADAPTERS, validate
+from engine.commands.eval_config import RUN_ADAPTERS, resolve_control, validate
 from engine.commands.eval_drift import reference_adapters, run_drift
 from engine.config import ConfigError
 from engine.evaluation.passes import PassResult, run_pass
@@ -56,6 +64,8 @@ from engine.lora.checks import adapter_rank, check_adapter_fits, check_adapter_w
 from engine.lora.files import adapter_specs, is_adapter_dir
 from engine.prompts import build_prompt
 from engine.results.passk import pass_at_k_fixed_set
+from engine.results.passk_compare import (CONFIDENCE, RESAMPLES, bootstrap_mean_interval, compare_conditions,
+                                          pass_at_k_per_problem)
 from engine.tasks import Problem, load_task
 
 log = logging.getLogger("essa.eval")
@@ -125,15 +135,42 @@ def select_problems(cfg) -> list[Problem]:
 
 # --- summary -----------------------------------------------------------------------------------
 
-def summarise(greedy: PassResult, sampled: PassResult | None, ks: Sequence[int], names: Sequence[str]) -> dict:
+def sampled_counts(sampled: PassResult, a: int) -> tuple[np.ndarray, np.ndarray]:
+    """(n, c) of condition ``a`` of the sampled pass: scorable and correct samples per problem, int (N,) each."""
+    n = sampled.scored[a].sum(axis=1)                                        # (N,)
+    c = (sampled.correct[a] & sampled.scored[a]).sum(axis=1)                 # (N,)
+    return n, c
+
+
+def pass_at_k_fields(n: np.ndarray, c: np.ndarray, ks: Sequence[int], seed: int = 0) -> dict:
+    """One condition's pass@k entries of eval_summary.json (keys ``str(k)``).
+
+    ``pass_at_k``: mean pass@k over ONE problem set, those with at least max(ks) scorable samples
+    (:func:`~engine.results.passk.pass_at_k_fixed_set`), so it never falls as k grows;
+    ``pass_at_k_problems`` counts them, ``pass_at_k_excluded`` the others; ``pass_at_k_ci95``: ``[low,
+    high]``, the percentile bootstrap interval over those problems of the mean (B = 2000 resamples with
+    ``seed``; :func:`~engine.results.passk_compare.bootstrap_mean_interval`), None when the set is empty.
+    """
+    table, in_set = pass_at_k_fixed_set(n, c, ks)                            # one problem set for every k
+    out = {"pass_at_k": {str(k): v for k, v in table.items()},
+           "pass_at_k_problems": {str(k): int(in_set.sum()) for k in table},
+           "pass_at_k_excluded": int((~in_set).sum()) if ks else 0,
+           "pass_at_k_ci95": {str(k): None for k in table}}
+    if ks and in_set.any():
+        _, lo, hi = bootstrap_mean_interval(pass_at_k_per_problem(n[in_set], c[in_set], sorted(table)),
+                                            RESAMPLES, seed, CONFIDENCE)
+        out["pass_at_k_ci95"] = {str(k): [float(lo[j]) + 0.0, float(hi[j]) + 0.0] for j, k in enumerate(sorted(table))}
+    return out
+
+
+def summarise(greedy: PassResult, sampled: PassResult | None, ks: Sequence[int], names: Sequence[str],
+              seed: int = 0) -> dict:
     """Per-condition metrics.
 
     greedy_accuracy: fraction of scorable problems solved greedily. avg_at_n: mean over problems of
     c / n. ``greedy_accuracy_flexible`` / ``avg_at_n_flexible``: the same under the flexible reward
-    (None when it was not run; module docstring). pass_at_k: ``{k: mean pass@k}``, every k over the
-    same problems: those with at least max(ks) scorable samples (engine/results/passk.py,
-    :func:`~engine.results.passk.pass_at_k_fixed_set`), so it never falls as k grows; ``pass_at_k_problems``
-    counts them, ``pass_at_k_excluded`` the others.
+    (None when it was not run; module docstring). pass_at_k, pass_at_k_problems, pass_at_k_excluded,
+    pass_at_k_ci95: :func:`pass_at_k_fields` (``seed``: the bootstrap's).
     """
     out = {}
     for a, name in enumerate(names):
@@ -142,25 +179,35 @@ def summarise(greedy: PassResult, sampled: PassResult | None, ks: Sequence[int],
                "greedy_no_answer": float((greedy.status[a, :, 0] == "no_answer").mean()),
                "greedy_mean_tokens": float(greedy.n_tokens[a].mean()),
                "n_problems": int(greedy.correct.shape[1]), "n_scored_problems": int(g_ok.sum()),
-               "avg_at_n": None, "pass_at_k": {}, "pass_at_k_problems": {},
+               "avg_at_n": None, "pass_at_k": {}, "pass_at_k_problems": {}, "pass_at_k_ci95": {},
                "greedy_accuracy_flexible": None, "avg_at_n_flexible": None}
         if greedy.flexible_correct is not None and g_ok.any():
             row["greedy_accuracy_flexible"] = float(greedy.flexible_correct[a, :, 0][g_ok].mean())
         if sampled is not None:
-            n = sampled.scored[a].sum(axis=1)                                    # (N,)
-            c = (sampled.correct[a] & sampled.scored[a]).sum(axis=1)             # (N,)
+            n, c = sampled_counts(sampled, a)                                    # (N,), (N,)
             has = n > 0
             row["avg_at_n"] = float((c[has] / n[has]).mean()) if has.any() else None
             if sampled.flexible_correct is not None and has.any():
                 c_flex = (sampled.flexible_correct[a] & sampled.scored[a]).sum(axis=1)  # (N,)
                 row["avg_at_n_flexible"] = float((c_flex[has] / n[has]).mean())
             row["sampled_mean_tokens"] = float(sampled.n_tokens[a].mean())
-            table, in_set = pass_at_k_fixed_set(n, c, ks)                     # one problem set for every k
-            row["pass_at_k"] = {str(k): v for k, v in table.items()}
-            row["pass_at_k_problems"] = {str(k): int(in_set.sum()) for k in table}
-            row["pass_at_k_excluded"] = int((~in_set).sum()) if ks else 0
+            row.update(pass_at_k_fields(n, c, ks, seed))
         out[name] = row
     return out
+
+
+def compare_passk(sampled: PassResult, ks: Sequence[int], names: Sequence[str], control: str,
+                  seed: int = 0) -> tuple[dict[str, dict], list[dict]]:
+    """pass@k differences of the sampled pass: every condition against ``control``, and every pair of the
+    others, each with its paired bootstrap 95 % interval over the problems both score
+    (:func:`engine.results.passk_compare.compare_conditions`; B = 2000 resamples with ``seed``).
+
+    Returns:
+        ``(vs_control, pairs)``: ``{condition: {str(k): {"diff", "low", "high", "problems"}}}`` (condition
+        minus control) and ``[{"condition", "against", "pass_at_k": {str(k): ...}}]``.
+    """
+    counts = {name: sampled_counts(sampled, a) for a, name in enumerate(names)}
+    return compare_conditions(counts, ks, control, RESAMPLES, seed)
 
 
 def format_table(summary: dict, n: int, ks: Sequence[int], title: str) -> str:
@@ -177,6 +224,28 @@ def format_table(summary: dict, n: int, ks: Sequence[int], title: str) -> str:
     if flex:
         lines.append("greedy, avg, pass: strict (answer marker required, the training reward); "
                      "flexible: greedy, marked answer or else the last number")
+    return "\n".join(lines)
+
+
+def format_diff_table(vs_control: dict[str, dict], pairs: list[dict], control: str, ks: Sequence[int]) -> str:
+    """The printed block of pass@k differences: one line per k, one column per comparison (each condition
+    minus ``control``, then each pair), ``diff [low, high]`` with the paired bootstrap 95 % interval;
+    ``problems`` of the first comparison. Empty when there is nothing to compare."""
+    cols = [(f"{name} - {control}", table) for name, table in vs_control.items()]
+    cols += [(f"{p['condition']} - {p['against']}", p["pass_at_k"]) for p in pairs]
+    if not cols or not ks:
+        return ""
+    sign = lambda x: f"{round(x, 3) + 0.0:+.3f}"  # noqa: E731  (a -1e-17 prints +0.000, not -0.000)
+    fmt = lambda d: ("-" if d is None or d["diff"] is None  # noqa: E731
+                     else f"{sign(d['diff'])} [{sign(d['low'])}, {sign(d['high'])}]")
+    width = max([26] + [len(h) + 2 for h, _ in cols])
+    lines = [f"pass@k differences on the problems both conditions score (paired bootstrap over problems, "
+             f"95 % interval; control: {control})",
+             f"{'k':<8}" + "".join(f"{h:>{width}}" for h, _ in cols) + f"{'problems':>10}"]
+    for k in ks:
+        cells = [table.get(str(k)) for _, table in cols]
+        probs = next((d["problems"] for d in cells if d is not None), 0)
+        lines.append(f"{'pass@' + str(k):<8}" + "".join(f"{fmt(d):>{width}}" for d in cells) + f"{probs:>10d}")
     return "\n".join(lines)
 
 
@@ -251,25 +320,33 @@ def decode_passes(cfg, backend, problems, refs, reward_fn, flexible_fn) -> tuple
                       flexible_fn=flexible_fn)
     if cfg.n == 1:
         return greedy, None
+    # common random numbers: the same seeds for a problem under every condition (module docstring)
     sampled = run_pass(backend, reward_fn, prompts, problems, refs,
                        Sampling(max_tokens=cfg.max_tokens, temperature=cfg.temperature, top_p=cfg.top_p, n=cfg.n,
-                                seed=cfg.seed), "sampled reward", flexible_fn=flexible_fn)
+                                seed=cfg.seed, common_seeds=True), "sampled reward", flexible_fn=flexible_fn)
     return greedy, sampled
 
 
-def eval_summary(cfg, ks, conds, problems, greedy, sampled, model_path, wall: float) -> dict:
-    """The eval_summary.json dict: settings, per-condition metrics (:func:`summarise`), time and tokens."""
+def eval_summary(cfg, ks, conds, problems, greedy, sampled, model_path, wall: float, control: str) -> dict:
+    """The eval_summary.json dict: settings, per-condition metrics (:func:`summarise`) with each one's pass@k
+    difference against ``control`` (:func:`compare_passk`, n > 1), the pairs of the others, time and tokens."""
     tokens = int(greedy.n_tokens.sum() + (sampled.n_tokens.sum() if sampled is not None else 0))
     gen_s = greedy.generate_s + (sampled.generate_s if sampled is not None else 0.0)
+    conditions = summarise(greedy, sampled, ks, list(conds), seed=cfg.seed)
+    vs_control, pairs = compare_passk(sampled, ks, list(conds), control, cfg.seed) if sampled is not None else ({}, [])
+    for name, table in vs_control.items():
+        conditions[name]["pass_at_k_vs_control"] = table
     return {
         "label": cfg.label or f"{Path(str(cfg.model.path)).name} on {cfg.task.name}/{cfg.split}",
         "task": cfg.task.name, "split": cfg.split, "model": cfg.model.path, "model_path": model_path,
         "n_problems": len(problems), "n": cfg.n, "temperature": cfg.temperature if cfg.n > 1 else 0.0,
         "top_p": cfg.top_p, "ks": ks, "max_tokens": cfg.max_tokens, "seed": cfg.seed,
         "adapters": {k: (None if v is None else str(v)) for k, v in conds.items()},
-        "conditions": summarise(greedy, sampled, ks, list(conds)), "wall_s": wall, "tokens": tokens,
+        "control": control, "conditions": conditions, "pass_at_k_pairs": pairs, "wall_s": wall, "tokens": tokens,
         "tokens_per_s": tokens / max(gen_s, 1e-9),
         "estimator": "pass@k = 1 - C(n-c, k) / C(n, k) (Chen et al. 2021, Eq. 1), mean over problems",
+        "bootstrap": {"resamples": RESAMPLES, "confidence": CONFIDENCE, "seed": cfg.seed, "paired": True,
+                      "over": "problems", "sampling_seeds": "common across conditions (seed + crc32(prompt))"},
     }
 
 
@@ -285,6 +362,11 @@ def write_outputs(cfg, out_dir: Path, summary: dict, conds, problems, greedy, sa
              + (f" + {cfg.n} samples at T={cfg.temperature}" if cfg.n > 1 else "")
              + f", {cfg.max_tokens} max tokens, {summary['wall_s']:.0f} s")
     print(format_table(summary["conditions"], cfg.n, summary["ks"], title))
+    vs_control = {name: r["pass_at_k_vs_control"] for name, r in summary["conditions"].items()
+                  if "pass_at_k_vs_control" in r}
+    diffs = format_diff_table(vs_control, summary.get("pass_at_k_pairs", []), summary["control"], summary["ks"])
+    if diffs:
+        print(diffs)
     print(f"results: {out_dir / 'eval_summary.json'}, {out_dir / 'eval_problems.parquet'}")
 
 
@@ -329,6 +411,7 @@ def run_eval(cfg, out_dir: str | Path, backend=None, reward_fn=None, flexible_fn
         from engine.backends import require_vllm
         require_vllm()
     conds = resolve_conditions(cfg.adapters, cfg.include_base)
+    control = resolve_control(cfg.control, list(conds))
     problems = select_problems(cfg)
     if not problems:
         raise ValueError(f"split={cfg.split}: no problems to evaluate; check task and limit")
@@ -351,7 +434,8 @@ def run_eval(cfg, out_dir: str | Path, backend=None, reward_fn=None, flexible_fn
     finally:
         if own:
             backend.close()
-    summary = eval_summary(cfg, ks, conds, problems, greedy, sampled, model_path, time.perf_counter() - t_start)
+    summary = eval_summary(cfg, ks, conds, problems, greedy, sampled, model_path, time.perf_counter() - t_start,
+                           control)
     if drift is not None:
         summary["drift"] = drift
     write_outputs(cfg, Path(out_dir), summary, conds, problems, greedy, sampled)

@@ -44,7 +44,14 @@ class EvalConfig:
     temperature, top_p: decoding of the sampled pass (the greedy pass always uses temperature 0).
     ks: pass@k for these k, each in [1, n]; null = 1, 2, 4, ... up to n, plus n.
     max_tokens: new tokens per completion.
-    seed: sampling seed (request i of a pass uses seed + i).
+    seed: sampling seed. Common random numbers across conditions: in the sampled pass the request of
+      (condition, problem) gets seed + crc32(prompt) (the k-th repeat of a prompt text within one
+      condition crc32(text, k); ``Sampling.common_seeds``), and vLLM gives sample g of a seeded request
+      the seed + g (vllm/v1/engine/parallel_sampling.py), so sample g of problem i is drawn with the same
+      random numbers under every condition; also the bootstrap's seed.
+    control: the condition every other one is compared with (pass@k differences with paired bootstrap
+      intervals); null = the first adapter condition (list the warm start first), or ``no_adapter``
+      when only the base model is evaluated.
     lora_rank: the engine's max_lora_rank; null = the largest rank among the adapters (``r`` and
       ``rank_pattern`` of their adapter_config.json, :func:`adapter_rank`).
     output_dir: where results go; null = Hydra's run directory.
@@ -66,6 +73,7 @@ class EvalConfig:
     ks: Optional[List[int]] = None
     max_tokens: int = 256
     seed: int = 0
+    control: Optional[str] = None
     lora_rank: Optional[int] = None
     output_dir: Optional[str] = None
     save_completions: bool = False
@@ -117,6 +125,28 @@ def validate(cfg) -> list[int]:
         return check_ks(list(cfg.ks), cfg.n) if cfg.ks else default_ks(cfg.n)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def resolve_control(control: Optional[str], names: List[str]) -> str:
+    """The control condition of the pass@k comparisons (``control`` of EvalConfig).
+
+    Args:
+        control: the configured name, or None for the default.
+        names: the evaluated conditions in order (``no_adapter`` first when the base model is included).
+
+    Returns:
+        ``control`` when it names a condition; for None the first adapter condition (the first name other
+        than ``no_adapter``), else the first name.
+
+    Raises:
+        ConfigError: ``control`` names no condition; one line listing the available names.
+    """
+    if control is None:
+        return next((n for n in names if n != "no_adapter"), names[0])
+    if control not in names:
+        raise ConfigError(f"control={control!r} is not an evaluated condition; available: {', '.join(names)} "
+                          f"(set control= to one of them, or control=null for the first adapter)")
+    return control
 
 
 def check_drift(d) -> None:

@@ -15,7 +15,8 @@ Figures (matplotlib, Agg; a figure whose data no run has is skipped, and report.
 | ``sigma.png`` | generation | strategy step size sigma (log scale) |
 | ``val_accuracy_generation.png`` | generation / training step | held-out accuracy per condition |
 | ``val_accuracy_wallclock.png`` | wall-clock seconds since the run started | held-out accuracy per condition |
-| ``passk.png`` | k (log2) | pass@k of each evaluated condition (Chen et al. 2021 estimator) |
+| ``passk.png`` | k (log2) | pass@k of each evaluated condition (Chen et al. 2021 estimator), shaded: bootstrap 95 % interval of the mean over problems (``pass_at_k_ci95``) |
+| ``passk_diff.png`` | k (log2) | pass@k of each condition minus the eval's control on the problems both score, shaded: paired bootstrap 95 % interval (``pass_at_k_vs_control``), zero line |
 | ``throughput.png`` | generation | generated tokens per second of generate time |
 | ``paired_gain.png`` | accuracy difference | after ES (mean, best) minus the SFT warm start on the same held-out problems, 95 % interval and McNemar p (summary.json) |
 
@@ -64,6 +65,7 @@ FIGURES = {  # file stem -> title (also the Markdown caption)
     "val_accuracy_generation": "Held-out accuracy per generation",
     "val_accuracy_wallclock": "Held-out accuracy against wall-clock time",
     "passk": "pass@k (unbiased estimator)",
+    "passk_diff": "pass@k difference against the control (paired bootstrap 95 % interval)",
     "throughput": "Generation throughput",
     "paired_gain": "Gain over the SFT warm start on the same problems (95 % interval)",
     "drift": "On-task accuracy against off-task drift",
@@ -332,30 +334,107 @@ def fig_val_wallclock(runs, labels, colors):
     return _fig_validation(runs, labels, colors, "wall_s", "val_accuracy_wallclock", "wall-clock time (s)")
 
 
+def _interval(v) -> tuple[float, float] | None:
+    """(low, high) of a stored ``[low, high]`` or ``{"low", "high"}`` with finite, ordered ends, else None."""
+    lo, hi = (v.get("low"), v.get("high")) if isinstance(v, dict) else (v if isinstance(v, list) and len(v) == 2
+                                                                          else (None, None))
+    ok = all(isinstance(x, (int, float)) and math.isfinite(x) for x in (lo, hi)) and lo <= hi
+    return (float(lo), float(hi)) if ok else None
+
+
+def _log2_k_axis(ax, ks) -> None:
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(ks))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def _eval_name(run: RunData, label: str, d: Path, cond: str) -> str:
+    return f"{label}: {cond}" if d == run.path else f"{label}/{d.name}: {cond}"
+
+
+def _curve_colors(runs: list[RunData], curves: list[tuple]) -> list:
+    """The run's colour (``curve[1]``) when several runs are overlaid; with one run, one colour per
+    condition (``curve[2]``) in the order of its eval summaries, the same in passk.png and passk_diff.png."""
+    if len(runs) > 1:
+        return [c[1] for c in curves]
+    conds = list(dict.fromkeys(cond for r in runs for _, s in r.evals for cond in s.get("conditions") or {}))
+    palette = _colors(len(conds))
+    return [palette[conds.index(c[2])] if c[2] in conds else c[1] for c in curves]
+
+
+OTHER_MARKERS = ("d", "^", "v", "P", "X", "h", "<", ">")
+
+
+def _eval_style(runs: list[RunData], cond: str) -> tuple[str, str]:
+    """(marker, linestyle) of an eval condition: :data:`CONDITION_STYLE` for the known names, else a marker
+    by the condition's place among the evals' other conditions (``-.``), so overlaid runs keep them apart."""
+    if cond in CONDITION_STYLE:
+        return CONDITION_STYLE[cond]
+    others = list(dict.fromkeys(c for r in runs for _, s in r.evals for c in s.get("conditions") or {}
+                                if c not in CONDITION_STYLE))
+    return OTHER_MARKERS[others.index(cond) % len(OTHER_MARKERS)] if cond in others else "d", "-."
+
+
+def _band(ax, pts: list[tuple[int, dict | list | None]], color) -> None:
+    """Shade the intervals of ``pts`` ((k, interval) pairs) where every k has one."""
+    spans = [_interval(v) for _, v in pts]
+    if spans and all(spans):
+        ax.fill_between([k for k, _ in pts], [lo for lo, _ in spans], [hi for _, hi in spans],
+                        color=color, alpha=0.15, linewidth=0)
+
+
 def fig_passk(runs, labels, colors):
-    """pass@k against k (log2 axis) for every condition of every eval summary."""
+    """pass@k against k (log2 axis) for every condition of every eval summary, with the bootstrap 95 %
+    interval of each mean over problems shaded (``pass_at_k_ci95``, essa eval; absent in older summaries)."""
     curves = []
     for r, lab, c in zip(runs, labels, colors):
         for d, s in r.evals:
             for cond, res in s.get("conditions", {}).items():
                 pk = {int(k): v for k, v in (res.get("pass_at_k") or {}).items() if v is not None}
                 if pk:
-                    name = f"{lab}: {cond}" if d == r.path else f"{lab}/{d.name}: {cond}"
-                    curves.append((name, c, cond, sorted(pk.items()), s.get("n"), s.get("temperature")))
+                    ci = res.get("pass_at_k_ci95") or {}
+                    curves.append((_eval_name(r, lab, d, cond), c, cond, sorted(pk.items()), s.get("n"),
+                                   s.get("temperature"), [(k, ci.get(str(k))) for k in sorted(pk)]))
     if not curves:
         return None
     fig, ax = _new_axes(FIGURES["passk"], "k (samples per problem)", "pass@k")
-    for name, c, cond, pts, n, temp in curves:
-        marker, ls = CONDITION_STYLE.get(cond, ("d", "-."))
+    for (name, _, cond, pts, n, temp, ci), c in zip(curves, _curve_colors(runs, curves)):
+        marker, ls = _eval_style(runs, cond)
         ks, vs = zip(*pts)
         ax.plot(ks, vs, color=c, marker=marker, linestyle=ls if cond != "best" else "--",
                 label=f"{name} (n={n}, T={temp})")
-    from matplotlib.ticker import NullFormatter, ScalarFormatter
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted({k for *_, pts, _n, _t in curves for k, _ in pts}))
-    ax.xaxis.set_major_formatter(ScalarFormatter())
-    ax.xaxis.set_minor_formatter(NullFormatter())
+        _band(ax, ci, c)
+    _log2_k_axis(ax, {k for curve in curves for k, _ in curve[3]})
     ax.set_ylim(-0.02, 1.02)
+    return _finish(fig, ax)
+
+
+def fig_passk_diff(runs, labels, colors):
+    """pass@k of each condition minus its eval's control against k (log2 axis), the paired bootstrap 95 %
+    interval shaded, a zero line (``pass_at_k_vs_control``, essa eval n > 1). A condition beats the
+    control at a k where the whole band lies above 0."""
+    curves = []
+    for r, lab, c in zip(runs, labels, colors):
+        for d, s in r.evals:
+            for cond, res in s.get("conditions", {}).items():
+                table = res.get("pass_at_k_vs_control") or {}
+                pts = sorted((int(k), v) for k, v in table.items()
+                             if isinstance(v, dict) and isinstance(v.get("diff"), (int, float)))
+                if pts:
+                    curves.append((f"{_eval_name(r, lab, d, cond)} - {s.get('control')}", c, cond, pts,
+                                   s.get("n"), s.get("temperature")))
+    if not curves:
+        return None
+    fig, ax = _new_axes(FIGURES["passk_diff"], "k (samples per problem)", "pass@k difference against the control")
+    for (name, _, cond, pts, n, temp), c in zip(curves, _curve_colors(runs, curves)):
+        marker, ls = _eval_style(runs, cond)
+        ax.plot([k for k, _ in pts], [v["diff"] for _, v in pts], color=c, marker=marker, linestyle=ls,
+                label=f"{name} (n={n}, T={temp}, {pts[0][1].get('problems')} problems)")
+        _band(ax, pts, c)
+    ax.axhline(0.0, color="grey", linewidth=0.8)
+    _log2_k_axis(ax, {k for curve in curves for k, _ in curve[3]})
     return _finish(fig, ax)
 
 
@@ -427,6 +506,7 @@ FIGURE_BUILDERS: dict[str, Callable] = {
     "val_accuracy_generation": fig_val_generation,
     "val_accuracy_wallclock": fig_val_wallclock,
     "passk": fig_passk,
+    "passk_diff": fig_passk_diff,
     "throughput": fig_throughput,
     "paired_gain": fig_paired_gain,
     "drift": fig_drift,
@@ -502,6 +582,7 @@ def write_markdown(runs: list[RunData], figures: dict[str, Path], skipped: dict[
                 lines.append(f"| {lab} | [{d.name}]({rel(d)}) | {s.get('task', '-')}/{s.get('split', '-')} | {cond} | "
                              f"{_fmt(res.get('greedy_accuracy'))} | {_fmt(res.get('avg_at_n'))} (n={s.get('n')}) | "
                              + " | ".join(_fmt(pk.get(str(k))) for k in ks) + f" | {res.get('n_problems')} |")
+        lines += passk_diff_lines([(lab, d, s) for _, lab, d, s in evals], rel)
     lines += ["", "## Figures", ""]
     for name, path in figures.items():
         lines += [f"### {FIGURES[name]}", "", f"![{FIGURES[name]}]({rel(path)})", ""]
@@ -510,10 +591,49 @@ def write_markdown(runs: list[RunData], figures: dict[str, Path], skipped: dict[
     return io.atomic_write_bytes(out_dir / "report.md", "\n".join(lines).encode())
 
 
+def _signed(x: float) -> str:
+    return f"{round(x, 3) + 0.0:+.3f}"          # round, then + 0.0: a -1e-17 prints +0.000, not -0.000
+
+
+def _diff_cell(v) -> str:
+    ok = isinstance(v, dict) and isinstance(v.get("diff"), (int, float)) and _interval(v)
+    return f"{_signed(v['diff'])} [{_signed(v['low'])}, {_signed(v['high'])}]" if ok else "-"
+
+
+def passk_diff_lines(evals: list[tuple[str, Path, dict]], rel: Callable[[Path], str]) -> list[str]:
+    """report.md's table of pass@k differences (essa eval's ``pass_at_k_vs_control`` and ``pass_at_k_pairs``):
+    one row per comparison, ``diff [low, high]`` per k with the paired bootstrap 95 % interval over the
+    problems both conditions score; [] when no eval has them.
+
+    Args:
+        evals: (run label, eval directory, eval_summary.json dict). rel: path -> link relative to report.md.
+    """
+    rows = []
+    for lab, d, s in evals:
+        comps = [(cond, s.get("control"), res.get("pass_at_k_vs_control"))
+                 for cond, res in (s.get("conditions") or {}).items() if res.get("pass_at_k_vs_control")]
+        comps += [(p.get("condition"), p.get("against"), p.get("pass_at_k")) for p in s.get("pass_at_k_pairs") or []
+                  if isinstance(p, dict) and p.get("pass_at_k")]
+        rows += [(lab, d, s, a, b, table) for a, b, table in comps if isinstance(table, dict)]
+    if not rows:
+        return []
+    ks = sorted({int(k) for *_, table in rows for k in table})
+    lines = ["", "### pass@k differences (paired bootstrap over problems, 95 % interval)", "",
+             "| run | eval | T | n | condition | minus | " + " | ".join(f"pass@{k}" for k in ks) + " | problems |",
+             "|---|---|---|---|---|---|" + "---|" * (len(ks) + 1)]
+    for lab, d, s, a, b, table in rows:
+        probs = next((v.get("problems") for v in table.values() if isinstance(v, dict)), "-")
+        lines.append(f"| {lab} | [{d.name}]({rel(d)}) | {s.get('temperature', '-')} | {s.get('n', '-')} | {a} | {b} | "
+                     + " | ".join(_diff_cell(table.get(str(k))) for k in ks) + f" | {probs} |")
+    return lines
+
+
 SKIP_REASONS = {
     "fitness": "no fitness_mean in metrics.parquet (an ES run's)", "signal": "no split_half_rho in metrics.parquet", "sigma": "no sigma in metrics.parquet",
     "val_accuracy_generation": "no validation.parquet", "val_accuracy_wallclock": "no validation.parquet",
-    "passk": "no eval_summary.json with n > 1", "throughput": "no tokens_per_s in metrics.parquet",
+    "passk": "no eval_summary.json with n > 1",
+    "passk_diff": "no eval_summary.json with pass_at_k_vs_control (essa eval n > 1 with two or more conditions)",
+    "throughput": "no tokens_per_s in metrics.parquet",
     "paired_gain": "no summary.json with paired_vs_sft (a finished run with eval.baselines)",
     "drift": "no eval_summary.json with drift results (essa eval drift.enabled=true)",
 }
