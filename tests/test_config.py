@@ -608,3 +608,24 @@ def test_a_mistyped_command_is_named_not_parsed_as_an_override(argv, expect, cap
     assert exc.value.code == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(err) == 1 and err[0].startswith("essa: error:") and expect in err[0] and "EQUAL" not in err[0], err
+
+
+@pytest.mark.parametrize("argv", [["help"], ["train", "--cfg", "job"], ["train", "--help"]])
+def test_output_into_a_closed_pipe_ends_quietly(argv):
+    """``essa help | head -1``: a reader that stops early closes the pipe; essa stops without a
+    BrokenPipeError traceback (nor Python's 'Exception ignored' on the final flush)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    read, write = os.pipe()
+    os.close(read)  # nobody reads: the first write fails with EPIPE
+    try:
+        proc = subprocess.run([sys.executable, "-m", "engine.cli", *argv], stdout=write, stderr=subprocess.PIPE,
+                              env=env, timeout=120, text=True)
+    finally:
+        os.close(write)
+    assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, proc.stderr
+    assert proc.returncode == 141, proc.stderr  # 128 + SIGPIPE, as a C tool killed by it

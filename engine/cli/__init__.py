@@ -25,13 +25,21 @@ from engine.commands import COMMANDS
 
 from .completion import is_completion, route_query
 from .hydra_app import USER_ERRORS, fail, run_hydra
+from .pipes import closed_pipe_ends_quietly
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``essa`` console script: dispatch to the command named first (train by default).
 
     Hydra commands leave logging to Hydra (its job log, ``--info``'s own handler); the other commands
-    log ``[time name] message`` lines to stderr."""
+    log ``[time name] message`` lines to stderr. Output into a pipe whose reader stopped early
+    (``essa help | head -1``) ends the command quietly (engine/cli/pipes.py)."""
+    with closed_pipe_ends_quietly():
+        dispatch(argv)
+
+
+def dispatch(argv: list[str] | None = None) -> None:
+    """Run the command ``argv`` (default ``sys.argv[1:]``) names: :func:`main` without the pipe guard."""
     argv = list(sys.argv[1:] if argv is None else argv)
     command = route_query(argv, COMMANDS, "train") or "train"
     named = bool(argv) and argv[0] in (*COMMANDS, "help")
