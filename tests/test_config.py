@@ -629,3 +629,22 @@ def test_output_into_a_closed_pipe_ends_quietly(argv):
         os.close(write)
     assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, proc.stderr
     assert proc.returncode == 141, proc.stderr  # 128 + SIGPIPE, as a C tool killed by it
+
+
+@pytest.mark.parametrize("overrides, expect", [
+    (["strategy=openai_es", "strategy.options.optimizer=bogus"],
+     "strategy.options.optimizer must be 'sgd' or 'adam' (got 'bogus') (OpenAIES)"),
+    (["strategy.options.diagonal=maybe"], "strategy.options.diagonal must be true, false or 'auto' (got 'maybe') (CMAES)"),
+    (["strategy=randopt", "strategy.options.top_k=0"], "strategy.options.top_k must be an integer in [1, 16] (got 0)"),
+])
+def test_an_option_the_class_rejects_is_named_without_the_options_dict(overrides, expect):
+    """The class's own line names the option: the whole strategy.options={...} dict is not dumped in front
+    of it (break-it pass: 'strategy.options={'lr': None, 'optimizer': 'bogus', ...}: OpenAIES rejects them (...)')."""
+    from engine.search import check_strategy_options
+    from strategies import get_strategy
+
+    cfg = train_cfg(*overrides)
+    with pytest.raises(ConfigError) as e:
+        check_strategy_options(get_strategy(cfg.strategy.name), cfg.strategy, 0)
+    assert str(e.value).startswith(expect.split(" (got")[0]) and expect in str(e.value), str(e.value)
+    assert "strategy.options={" not in str(e.value) and "\n" not in str(e.value)

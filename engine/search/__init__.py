@@ -39,7 +39,7 @@ def check_strategy_options(strategy_cls, s, seed: int) -> None:
     Raises:
         ConfigError: one line naming the field the class rejects: an option it has no parameter for (with
             the options it takes), ``strategy.population_size`` / ``strategy.sigma0`` when its message
-            names them, else ``strategy.options``.
+            names them, the class's own line when it names one of the options, else ``strategy.options``.
     """
     options = strategy_options(s)
     try:
@@ -68,6 +68,8 @@ def _rejection_line(cls, s, options: dict, e: BaseException) -> str:
         return f"strategy.population_size={s.population_size}: {name} rejects it ({msg}); {fix}"
     if "sigma0" in msg:
         return f"strategy.sigma0={s.sigma0}: {name} rejects it ({msg}); set strategy.sigma0 to a value it takes"
+    if any(f"strategy.options.{k}" in msg for k in options):  # the class named the option: its line, not the dict
+        return f"{msg} ({name})"
     return f"strategy.options={options}: {name} rejects them ({msg})"
 
 
