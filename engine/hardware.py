@@ -302,6 +302,22 @@ def check_numerics(requested: object) -> str:
     return name
 
 
+def check_numerics_dtype(numerics: object, dtype: object, device_info: DeviceInfo | None = None) -> None:
+    """The run's refusal of ``engine.numerics`` with ``model.dtype`` (:func:`resolve_numerics`), for the checks
+    made before anything loads (``--cfg job``, the commands' ``validate``). Only ``invariant`` depends on the
+    machine, so only it looks at the device (:func:`detect_device` asks torch for a GPU); a GPU accepts it
+    with any dtype.
+
+    Raises:
+        ValueError: an unknown ``numerics`` or ``dtype``, or ``invariant`` on a CPU in bf16/fp16 (one line).
+    """
+    canonical_dtype(dtype)
+    if check_numerics(numerics) != "invariant":
+        return
+    dev = device_info if device_info is not None else detect_device()
+    resolve_numerics(numerics, resolve_dtype(dtype, dev, log_choice=False)[0], dev, environ={})
+
+
 def resolve_numerics(requested: str, dtype: str, device_info: DeviceInfo | None = None,
                      environ: Mapping[str, str] | None = None) -> tuple[str, dict[str, str], str]:
     """Whether the engine serves a population with kernels whose answers do not depend on the batch

@@ -223,3 +223,37 @@ def test_one_text_share_is_undefined_when_the_fitness_wrote_no_text():
 
     assert np.isnan(generation_row(0, 1.0, _generation_result("likelihood", ""), 3, 0.1, 0.0, 0.0)["one_text_share"])
     assert generation_row(0, 1.0, _generation_result("ok", "same"), 3, 0.1, 0.0, 0.0)["one_text_share"] == 1.0
+
+
+def test_numerics_with_the_dtype_is_checked_before_anything_loads(monkeypatch):
+    """check_numerics_dtype refuses what the run's resolve_numerics refuses (invariant in bf16 on a CPU, a GPU
+    takes it), and asks for the device only for invariant (detect_device imports torch)."""
+    import engine.hardware as hw
+
+    with pytest.raises(ValueError, match=r"^engine.numerics=invariant on a CPU needs model.dtype=float32"):
+        hw.check_numerics_dtype("invariant", "bf16", _device(*AMX))
+    hw.check_numerics_dtype("invariant", "bfloat16", _device(*AMX, gpu=True))
+    hw.check_numerics_dtype("invariant", "float32", _device("avx2"))
+    with pytest.raises(ValueError, match=r"^model.dtype='bogus': use auto"):
+        hw.check_numerics_dtype("auto", "bogus")
+    monkeypatch.setattr(hw, "detect_device", lambda: pytest.fail("auto/fast must not look at the device"))
+    hw.check_numerics_dtype("auto", "bfloat16")
+    hw.check_numerics_dtype("fast", "float16")
+
+
+@pytest.mark.parametrize("name, extra", [("train", []), ("eval", []), ("bench", [])])
+def test_preview_refuses_invariant_in_bf16_on_a_cpu_as_the_run_does(name, extra, monkeypatch, capsys):
+    """``essa <command> engine.numerics=invariant model.dtype=bfloat16 --cfg job`` on a CPU: the run's one line,
+    exit 2 (it printed the config although the run refused it); on a GPU the config is printed."""
+    import engine.hardware as hw
+    from engine.cli import main
+
+    monkeypatch.setattr(hw, "detect_device", lambda: _device(*AMX))
+    argv = [name, "engine.numerics=invariant", "model.dtype=bfloat16", *extra, "--cfg", "job"]
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("essa: error:")]
+    assert e.value.code == 2 and len(err) == 1 and "needs model.dtype=float32" in err[0], err
+    monkeypatch.setattr(hw, "detect_device", lambda: _device(*AMX, gpu=True))
+    main(argv)
+    assert "numerics: invariant" in capsys.readouterr().out

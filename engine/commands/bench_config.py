@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 from engine.config import EngineConfig, LoRAConfig, ModelConfig
-from engine.hardware import check_numerics
+from engine.hardware import check_numerics_dtype
 
 
 @dataclass
@@ -103,6 +103,6 @@ def validate(cfg) -> tuple[list[int], int, int, int]:
         raise ValueError(f"bench.phases_population={sizes['phases_population']} with placebo.enabled=true: the placebo "
                          "compares identical copies and needs at least 2, e.g. phases_population=16, or "
                          "placebo.enabled=false")
-    check_numerics(cfg.get("engine", {}).get("numerics", "auto"))
+    check_numerics_dtype(cfg.get("engine", {}).get("numerics", "auto"), cfg.get("model", {}).get("dtype", "auto"))
     populations = sorted({*raw, sizes["phases_population"]})
     return populations, sizes["prompts_per_candidate"], sizes["max_tokens"], sizes["phases_population"]

@@ -11,7 +11,7 @@ from engine.config import (ConfigError, EngineConfig, LoggerConfig, LoRAConfig, 
                            SignalConfig, StrategyConfig, TaskConfig, check_context, check_engine, check_logger,
                            check_lora, check_reward, check_sampling, check_sft, check_signal, check_strategy,
                            check_task_reward)
-from engine.hardware import check_numerics
+from engine.hardware import check_numerics, check_numerics_dtype
 
 
 @dataclass
@@ -193,7 +193,8 @@ def validate(cfg) -> None:
 
 
 def preview(cfg, choice: str | None) -> None:
-    """``essa train --cfg job``'s checks (engine/cli/preview.py): :func:`validate`, then the strategy as the run
+    """``essa train --cfg job``'s checks (engine/cli/preview.py): :func:`validate`, ``model.dtype`` with
+    ``engine.numerics`` (:func:`engine.hardware.check_numerics_dtype`), then the strategy as the run
     resolves it before the warm start (a ``strategy.name=`` over another option's options, the class, which
     imports the plugin, and its options), and the line the run logs: the strategy and the genome, with D when
     the model is on this machine already (nothing is converted or downloaded).
@@ -208,6 +209,7 @@ def preview(cfg, choice: str | None) -> None:
     from engine.search.plugins import check_strategy_choice
 
     validate(cfg)
+    check_numerics_dtype(cfg.engine.numerics, cfg.model.dtype)  # the run's refusal (invariant in bf16 on a CPU)
     check_strategy_choice(cfg.strategy, cfg.seed, choice)
     cls = strategy_class(cfg.strategy)
     check_strategy_options(cls, cfg.strategy, cfg.seed)
