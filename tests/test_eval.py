@@ -490,3 +490,48 @@ def test_a_grpo_run_directory_resolves_to_its_final_adapter(tmp_path):
     (run / "adapters" / "final").mkdir(parents=True)
     (run / "adapters" / "final" / "adapter_config.json").write_text("{}")
     assert list(resolve_conditions(str(run))) == ["no_adapter", "final"]
+
+
+@pytest.mark.parametrize("overrides, line", [
+    (["limit=-1"], "limit=-1: must be >= 0 (0 = every problem of the split), e.g. limit=100"),
+    (["max_tokens=0"], "max_tokens=0: must be >= 1 (new tokens per completion), e.g. max_tokens=256"),
+])
+def test_limit_and_max_tokens_are_named_apart(overrides, line):
+    """A negative limit was refused as 'limit must be >= 0 and max_tokens >= 1': no value, both fields (break-it)."""
+    from engine.commands.eval_config import validate
+
+    with pytest.raises(ConfigError) as e:
+        validate(compose_eval(overrides))
+    assert str(e.value) == line
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["control=nope"], "control='nope' is not an evaluated condition; available: no_adapter"),
+    (["adapters=[/nonexistent/adapter]"], "adapters: /nonexistent/adapter is neither a PEFT adapter"),
+    (["adapters=[]", "include_base=false"], "nothing to evaluate: adapters is empty and include_base=false"),
+])
+def test_preview_refuses_the_conditions_the_run_refuses(argv, line, capsys):
+    """``essa eval ... --cfg job`` printed the config for an unknown control, a missing adapter and an empty
+    condition list, which the run refuses before it loads anything (break-it)."""
+    from engine.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["eval", *argv, "--cfg", "job"])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert e.value.code == 2 and len(err) == 1 and err[0].startswith(f"essa: error: {line}"), err
+
+
+def test_control_refusal_lists_names_as_they_are_typed(tmp_path):
+    """Condition names come from directory names; the refusal lists each as a value Hydra reads back as that
+    name (quoted where needed: 'a,b' unquoted is a sweep, 'ü' unquoted does not parse, ${x} interpolates), and
+    the quoted form composes to the name."""
+    from engine.commands.eval_config import resolve_control
+
+    names = ["no_adapter", "run/mean", "a,b", "ü-ckpt", "it's", "${x}", "null", "my adapter"]
+    with pytest.raises(ConfigError) as e:
+        resolve_control("nope", names)
+    listed = str(e.value).split("available: ", 1)[1].split(" (set control=", 1)[0]
+    assert listed == "no_adapter, run/mean, 'a,b', 'ü-ckpt', 'it\\'s', '\\${x}', 'null', my adapter", listed
+    for name, typed in zip(names, ["no_adapter", "run/mean", "'a,b'", "'ü-ckpt'", "'it\\'s'", "'\\${x}'", "'null'",
+                                   "my adapter"]):
+        assert compose_eval([f"control={typed}"]).control == name

@@ -56,12 +56,11 @@ import numpy as np
 
 from engine import io
 from engine.backends import AdapterRef, Sampling, lora_int_id
-from engine.commands.eval_config import RUN_ADAPTERS, resolve_control, validate
+from engine.commands.eval_config import resolve_conditions, resolve_control, validate
 from engine.commands.eval_drift import reference_adapters, run_drift
 from engine.config import ConfigError
 from engine.evaluation.passes import PassResult, run_pass
 from engine.lora.checks import adapter_rank, check_adapter_fits, check_adapter_weights
-from engine.lora.files import adapter_specs, is_adapter_dir
 from engine.prompts import build_prompt
 from engine.results.passk import pass_at_k_fixed_set
 from engine.results.passk_compare import (CONFIDENCE, RESAMPLES, bootstrap_mean_interval, compare_conditions,
@@ -70,50 +69,8 @@ from engine.tasks import Problem, load_task
 
 log = logging.getLogger("essa.eval")
 
-BASE = "no_adapter"
 
-
-# --- conditions --------------------------------------------------------------------------------
-
-def resolve_conditions(spec, include_base: bool = True) -> dict[str, Path | None]:
-    """Condition name -> adapter directory (None = base model), in evaluation order.
-
-    Names: ``no_adapter`` for the base model; ``mean``/``best`` (essa train) or ``final`` (essa grpo)
-    for a run directory's exports    (prefixed ``<run dir name>/`` when several sources are given); the directory name otherwise.
-
-    Raises:
-        FileNotFoundError: a path that is neither a PEFT adapter nor a run dir with adapters/.
-        ConfigError: nothing to evaluate.
-    """
-    entries = adapter_specs(spec)
-    conds: dict[str, Path | None] = {BASE: None} if include_base else {}
-
-    def add(name: str, path: Path) -> None:
-        base, i = name, 2
-        while name in conds:
-            name, i = f"{base}-{i}", i + 1
-        conds[name] = path
-
-    for entry in entries:
-        p = Path(entry).expanduser()
-        if is_adapter_dir(p):
-            add(p.name, p.resolve())
-        elif (p / "adapters").is_dir():
-            found = [p / "adapters" / k for k in RUN_ADAPTERS if is_adapter_dir(p / "adapters" / k)]
-            if not found:
-                raise FileNotFoundError(f"adapters: run dir {p} has no adapters/mean, adapters/best (essa train) "
-                                        f"or adapters/final (essa grpo) "
-                                        f"(did the run finish?); pass an adapter directory instead")
-            for a in found:
-                add(a.name if len(entries) == 1 else f"{p.name}/{a.name}", a.resolve())
-        else:
-            raise FileNotFoundError(f"adapters: {p} is neither a PEFT adapter (adapter_config.json) nor a run "
-                                    f"directory with adapters/; check the path")
-    if not conds:
-        raise ConfigError("nothing to evaluate: adapters is empty and include_base=false; "
-                          "name an adapter or set include_base=true")
-    return conds
-
+# --- conditions: resolve_conditions (engine/commands/eval_config.py, also checked by --cfg job) ---------
 
 # PEFT LoraConfig fields (peft/tuners/lora/config.py) as essa eval's vLLM engine serves them
 # (vLLM 0.32, vllm/lora/peft_helper.py and lora_model.py). Served: ``r`` with ``rank_pattern`` (the

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, List, Optional
 
 from engine.config import ConfigError, EngineConfig, ModelConfig, RewardConfig, TaskConfig, check_sampling
@@ -83,6 +84,8 @@ class EvalConfig:
 
 # The adapters a run directory exports: essa train (mean genome, best candidate), essa grpo (final policy).
 RUN_ADAPTERS = ("mean", "best", "final")
+BASE = "no_adapter"
+"""The condition of the base model without an adapter."""
 
 
 SCHEMA = EvalConfig
@@ -109,8 +112,10 @@ def validate(cfg) -> list[int]:
     if cfg.n > 1 and cfg.temperature <= 0:
         raise ConfigError(f"temperature={cfg.temperature} with n={cfg.n} gives n identical samples; "
                           f"set temperature=1.0 or n=1")
-    if cfg.limit < 0 or cfg.max_tokens < 1:
-        raise ConfigError("limit must be >= 0 and max_tokens >= 1")
+    if cfg.limit < 0:
+        raise ConfigError(f"limit={cfg.limit}: must be >= 0 (0 = every problem of the split), e.g. limit=100")
+    if cfg.max_tokens < 1:
+        raise ConfigError(f"max_tokens={cfg.max_tokens}: must be >= 1 (new tokens per completion), e.g. max_tokens=256")
     if cfg.engine.backend != "local":
         raise ConfigError(f"engine.backend={cfg.engine.backend!r}: essa eval runs one local vLLM engine; "
                           f"use engine=local")
@@ -125,6 +130,86 @@ def validate(cfg) -> list[int]:
         return check_ks(list(cfg.ks), cfg.n) if cfg.ks else default_ks(cfg.n)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def preview(cfg, choice: Optional[str] = None) -> None:
+    """``essa eval --cfg job``'s checks (engine/cli/preview.py): what the run refuses before it loads anything,
+    :func:`validate`, the conditions (:func:`resolve_conditions`: adapter paths) and ``control``
+    (:func:`resolve_control`). ``choice`` (a strategy group option) does not apply to eval.
+
+    Raises:
+        ConfigError / FileNotFoundError / ValueError: the run's own one-line refusal.
+    """
+    validate(cfg)
+    resolve_control(cfg.control, list(resolve_conditions(cfg.adapters, cfg.include_base)))
+
+
+def resolve_conditions(spec, include_base: bool = True) -> dict[str, Path | None]:
+    """Condition name -> adapter directory (None = base model), in evaluation order.
+
+    Names: ``no_adapter`` for the base model; ``mean``/``best`` (essa train) or ``final`` (essa grpo)
+    for a run directory's exports (prefixed ``<run dir name>/`` when several sources are given); the
+    directory name otherwise.
+
+    Raises:
+        FileNotFoundError: a path that is neither a PEFT adapter nor a run dir with adapters/.
+        ConfigError: nothing to evaluate.
+    """
+    from engine.lora.files import adapter_specs, is_adapter_dir
+
+    entries = adapter_specs(spec)
+    conds: dict[str, Path | None] = {BASE: None} if include_base else {}
+
+    def add(name: str, path: Path) -> None:
+        base, i = name, 2
+        while name in conds:
+            name, i = f"{base}-{i}", i + 1
+        conds[name] = path
+
+    for entry in entries:
+        p = Path(entry).expanduser()
+        if is_adapter_dir(p):
+            add(p.name, p.resolve())
+        elif (p / "adapters").is_dir():
+            found = [p / "adapters" / k for k in RUN_ADAPTERS if is_adapter_dir(p / "adapters" / k)]
+            if not found:
+                raise FileNotFoundError(f"adapters: run dir {p} has no adapters/mean, adapters/best (essa train) "
+                                        f"or adapters/final (essa grpo) "
+                                        f"(did the run finish?); pass an adapter directory instead")
+            for a in found:
+                add(a.name if len(entries) == 1 else f"{p.name}/{a.name}", a.resolve())
+        else:
+            raise FileNotFoundError(f"adapters: {p} is neither a PEFT adapter (adapter_config.json) nor a run "
+                                    f"directory with adapters/; check the path")
+    if not conds:
+        raise ConfigError("nothing to evaluate: adapters is empty and include_base=false; "
+                          "name an adapter or set include_base=true")
+    return conds
+
+
+def _reads_back(value: str, text: str) -> bool:
+    """Whether Hydra reads the override ``key=<value>`` as the one string ``text`` (interpolations resolved)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    try:
+        o = OverridesParser.create().parse_override(f"key={value}")
+        return (not o.is_sweep_override() and isinstance(o.value(), str)
+                and OmegaConf.create({"key": o.value()}).key == text)
+    except Exception:  # noqa: BLE001 - any parse or interpolation error: it does not read back
+        return False
+
+
+def override_value(text: str) -> str:
+    """``text`` as the value of a command-line override (``control=<value>``) that Hydra reads back as ``text``:
+    as it is where it does (``run/mean``), else single-quoted with Hydra's escapes (``'a,b'``: unquoted, a
+    sweep; ``'null'``: unquoted, None; ``'\\${x}'``: unquoted, an interpolation; ``'ü-ckpt'``: unquoted,
+    a parse error)."""
+    def quoted(t: str) -> str:
+        return "'" + t.replace("'", "\\'").replace("${", "\\${") + "'"
+
+    candidates = [text, quoted(text), quoted(text.replace("\\", "\\\\"))]
+    return next((c for c in candidates if _reads_back(c, text)), candidates[1])
 
 
 def resolve_control(control: Optional[str], names: List[str]) -> str:
@@ -144,7 +229,8 @@ def resolve_control(control: Optional[str], names: List[str]) -> str:
     if control is None:
         return next((n for n in names if n != "no_adapter"), names[0])
     if control not in names:
-        raise ConfigError(f"control={control!r} is not an evaluated condition; available: {', '.join(names)} "
+        raise ConfigError(f"control={control!r} is not an evaluated condition; available: "
+                          f"{', '.join(override_value(n) for n in names)} "
                           f"(set control= to one of them, or control=null for the first adapter)")
     return control
 
