@@ -15,9 +15,10 @@ A task yields ``Problem`` rows split into ``train`` (SFT warm start and ES minib
 Every worked solution ends in the answer format its verifier expects: ``The final answer is
 \\boxed{answer}.`` (ESSA §4: the system prompt asks the model to reason step by step and box the
 answer), or for ``task.gym.answer_format=answer_tag`` (countdown, after ES-at-Scale)
-``<think>\\n<steps>\\n</think>\\n<answer>answer</answer>``. Rows without a usable answer are
-skipped and counted in ``Task.skipped``; they never crash the run. A JSONL line that is not JSON at
-all is a broken file, not a row without an answer: reading stops with an error naming the line.
+``<think>\\n<steps>\\n</think>\\n<answer>answer</answer>``. Rows without a usable answer or with
+an empty question are skipped and counted in ``Task.skipped``; they never crash the run. A JSONL line
+that is not JSON at all is a broken file, not a row without an answer: reading stops with an error
+naming the line.
 """
 from __future__ import annotations
 
@@ -100,8 +101,9 @@ def read_rows(path: Path, field: str = "task.path") -> list[dict[str, Any]]:
         FileNotFoundError: missing file. ValueError: a directory or an unreadable file (permissions,
             I/O error), unsupported suffix, a text file that is not
             UTF-8, a JSON array that does not parse, a JSONL line that is not valid JSON (the
-            message names the file and the 1-based line numbers), or a Parquet file pyarrow
-            cannot read.
+            message names the file and the 1-based line numbers; lines end at '\\n' only), a string
+            holding a lone UTF-16 surrogate (``"\\ud800"``: valid JSON, not Unicode text; the message
+            names the line or row), or a Parquet file pyarrow cannot read.
     """
     if not path.exists():
         raise FileNotFoundError(f"{field}: {path} does not exist; point {field} at a JSONL/Parquet file or folder")
@@ -126,12 +128,17 @@ def read_rows(path: Path, field: str = "task.path") -> list[dict[str, Any]]:
                              f"the file must be UTF-8 JSONL; re-encode it as UTF-8") from None
         if path.suffix == ".json" and text.lstrip().startswith("["):
             try:
-                return json.loads(text)
+                rows = json.loads(text)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{field}: {path} is not a valid JSON array ({e.msg} at line {e.lineno}); "
                                  f"fix the file or use JSONL (one object per line)") from None
+            for i, row in enumerate(rows if isinstance(rows, list) and _escapes_surrogates(text) else []):
+                _check_text(row, f"{field}: {path} row {i + 1} of the array", "fix or delete the row")
+            return rows
         rows, bad = [], []  # bad: (1-based line number, decoder message)
-        for lineno, line in enumerate(text.splitlines(), 1):
+        # JSONL lines end at '\n' only: JSON strings may hold U+2028, U+0085, form feeds... raw, which
+        # str.splitlines() would cut at
+        for lineno, line in enumerate(text.split("\n"), 1):
             line = line.strip()
             if not line:
                 continue
@@ -139,6 +146,9 @@ def read_rows(path: Path, field: str = "task.path") -> list[dict[str, Any]]:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as e:
                 bad.append((lineno, e.msg))
+                continue
+            if _escapes_surrogates(line):
+                _check_text(rows[-1], f"{field}: {path} line {lineno}", "fix or delete the line")
         if len(bad) == 1:
             raise ValueError(f"{field}: {path} line {bad[0][0]} is not valid JSON ({bad[0][1]}); "
                              f"fix or delete the line")
@@ -148,6 +158,26 @@ def read_rows(path: Path, field: str = "task.path") -> list[dict[str, Any]]:
                              f"line {bad[0][0]}: {bad[0][1]}); fix or delete those lines")
         return rows
     raise ValueError(f"{field}: {path} has unsupported suffix {path.suffix!r}; use .jsonl, .json or .parquet")
+
+
+def _escapes_surrogates(text: str) -> bool:
+    """Whether ``text`` holds a JSON escape of a UTF-16 surrogate (``\\ud800``-``\\udfff``), the only way
+    valid JSON decodes to a string that is not Unicode text (a lone one); pairs (an escaped emoji) are fine."""
+    return _SURROGATE_ESCAPE.search(text) is not None
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
+
+
+def _check_text(row: Any, where: str, fix: str) -> None:
+    """Raises ValueError ``<where> holds a lone surrogate ...; <fix>`` when a string of ``row`` has a surrogate
+    that no pair completes (the tokenizer refuses such a string in the middle of a run)."""
+    try:
+        json.dumps(row, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = e.object[e.start:e.end]
+        raise ValueError(f"{where} holds a lone surrogate ({bad.encode('unicode_escape').decode()}: half of a "
+                         f"UTF-16 pair, not Unicode text); {fix}") from None
 
 
 def _split_file(root: Path, split: str) -> Path:
@@ -432,7 +462,7 @@ class _Source:
         out = []
         for i, row in enumerate(rows):
             parsed = self.reader(row) if isinstance(row, dict) else None
-            if parsed is None:
+            if parsed is None or not parsed[0].strip():  # no answer, or an empty question
                 self.skipped[split] = self.skipped.get(split, 0) + 1
                 continue
             out.append(Problem(f"{cfg.name}/{split}/{i}", *parsed))

@@ -277,3 +277,49 @@ def test_no_usable_rows_names_the_split_file_that_has_none(tmp_path):
     (tmp_path / "test.jsonl").write_text(json.dumps({"Question": "1+1?", "Answer": 2}) + "\n")
     with pytest.raises(ValueError, match=re.escape(f"no usable rows in {tmp_path / 'test.jsonl'} (1 read)")):
         load_task(task_cfg(name="mine", reader="gsm8k", path=str(tmp_path), train_split="train", val_split="test"))
+
+
+def test_jsonl_strings_may_hold_unicode_line_separators(tmp_path):
+    """JSON allows U+2028, U+2029, U+0085 and form feeds raw inside strings (json.dumps(ensure_ascii=False)
+    writes them so); JSONL lines end at '\\n' only. str.splitlines() cut such rows apart and refused a valid
+    file as 'N lines that are not valid JSON' (break-it)."""
+    f = tmp_path / "all.jsonl"
+    seps = ["\u2028", "\u2029", "\x85", "\x0c", "\x1c", "\x0b"]
+    rows = [{"question": f"What is {i} + 1?{seps[i % len(seps)]}Be brief.", "answer": f"#### {i + 1}"} for i in range(8)]
+    f.write_text("\r\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\r\n", encoding="utf-8")
+    t = load_task(task_cfg(name="mine", reader="gsm8k", path=str(f), val_size=2))
+    assert sorted(p.question for p in t.train + t.val) == sorted(r["question"] for r in rows) and not t.skipped
+    f.write_text(json.dumps(rows[0], ensure_ascii=False) + "\n{oops\u2028\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r" line 2 is not valid JSON"):  # line numbers count '\n' only
+        load_task(task_cfg(name="mine", reader="gsm8k", path=str(f), val_size=1))
+
+
+def test_a_lone_surrogate_names_the_file_and_line(tmp_path):
+    """'\\ud800' is valid JSON but no Unicode text: such a question reached the tokenizer, which failed with
+    'TextEncodeInput must be Union[...]' in the middle of a run (break-it). An escaped pair (an emoji) is fine."""
+    f = tmp_path / "all.jsonl"
+    good = [json.dumps({"question": f"{i} + 1 = ? \U0001F600", "answer": f"#### {i + 1}"}) for i in range(4)]
+    f.write_text("\n".join(good) + "\n")
+    assert len(load_task(task_cfg(name="mine", reader="gsm8k", path=str(f), val_size=1)).train) == 3
+    f.write_text("\n".join(good[:2] + ['{"question": "bad \\ud800 here", "answer": "#### 1"}'] + good[2:]) + "\n")
+    with pytest.raises(ValueError) as e:
+        load_task(task_cfg(name="mine", reader="gsm8k", path=str(f), val_size=1))
+    msg = str(e.value)
+    assert msg.startswith(f"task.path: {f} line 3 holds a lone surrogate") and "fix or delete the line" in msg
+    assert "\n" not in msg
+
+
+@pytest.mark.parametrize("reader, row", [
+    ("gsm8k", {"question": "  ", "answer": "#### 2"}),
+    ("math500", {"problem": "", "answer": "2"}),
+    ("jsonl", {"question": " \n", "answer": 2}),
+    ("svamp", {"Body": " ", "Question": "", "Answer": 2}),
+])
+def test_a_row_with_an_empty_question_is_skipped(tmp_path, reader, row):
+    """An empty question is no usable row: it was kept, and a file of them ended in 'no usable rows (train 0,
+    val 5, skipped {'train (question also in val)': 15})', blaming duplicates (break-it)."""
+    f = tmp_path / "train.jsonl"
+    f.write_text("\n".join(json.dumps(row) for _ in range(6)) + "\n")
+    with pytest.raises(ValueError, match=r"the fields are there but none of their values is usable"):
+        load_task(task_cfg(name="mine", reader=reader, path=str(f), train_split="train", val_split="train",
+                           val_size=1))
