@@ -297,3 +297,52 @@ def test_passk_figures_draw_intervals_and_the_difference_against_the_control(tmp
     assert "passk_diff" not in build_figures([load_run(FIXTURE)])    # summaries without it: not drawn
     assert "`passk_diff.png` (no eval_summary.json with pass_at_k_vs_control" in \
         (make_report([FIXTURE], tmp_path / "old")[-1]).read_text()
+
+
+def _eval_dir(tmp_path: Path, summary: dict) -> Path:
+    d = tmp_path / "ev"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "eval_summary.json").write_text(json.dumps(summary))
+    return d
+
+
+def test_old_one_condition_and_open_interval_summaries_report(tmp_path):
+    """Summaries without today's fields (control, pass_at_k_ci95, vs_control, pairs), with one condition, or
+    with None intervals and differences (an empty problem set) draw and write report.md without an error."""
+    conds = {"no_adapter": {"greedy_accuracy": 0.5, "avg_at_n": 0.4, "pass_at_k": {"1": 0.4, "2": 0.5},
+                            "n_problems": 3}}
+    for i, summary in enumerate([
+            {"n": 2, "temperature": 1.0, "conditions": conds},                                     # old
+            {"n": 2, "temperature": 1.0, "control": "no_adapter", "pass_at_k_pairs": [],
+             "conditions": {"no_adapter": {**conds["no_adapter"], "pass_at_k_ci95": {"1": None, "2": [0.3, 0.6]}}}},
+            {"n": 2, "temperature": 1.0, "control": "a", "pass_at_k_pairs": None, "conditions": {
+                "a": {"pass_at_k": {"1": None, "2": None}, "pass_at_k_ci95": None, "n_problems": 3},
+                "b": {"pass_at_k": {"1": 0.4, "2": 0.5}, "n_problems": 3, "pass_at_k_vs_control": {
+                    "1": {"diff": None, "low": None, "high": None, "problems": 0}}}}}]):
+        paths = make_report([_eval_dir(tmp_path / str(i), summary)], tmp_path / f"r{i}", strict=True)
+        assert paths[-1].name == "report.md" and "passk.png" in {p.name for p in paths}
+        assert not list((tmp_path / f"r{i}").glob(".*.tmp"))                       # written atomically
+
+
+@pytest.mark.parametrize("summary, where", [
+    ({"n": 2, "conditions": None}, "'conditions' must be an object"),
+    ({"n": 2, "conditions": {"a": None}}, "conditions.a must be an object"),
+    ({"n": 2, "conditions": {"a": {"pass_at_k": {"one": 0.5}}}}, "conditions.a.pass_at_k has key 'one'"),
+    ({"n": 2, "conditions": {"a": {"pass_at_k": {"1": 0.5}, "pass_at_k_ci95": [0.1, 0.2]}}},
+     "conditions.a.pass_at_k_ci95 must be an object"),
+    ({"n": 2, "control": "a", "conditions": {"a": {"pass_at_k": {"1": 0.5}},
+                                             "b": {"pass_at_k_vs_control": {"x": {"diff": 0.1}}}}},
+     "conditions.b.pass_at_k_vs_control has key 'x'"),
+    ({"n": 2, "conditions": {}, "pass_at_k_pairs": ["junk"]}, "pass_at_k_pairs[0] must be an object"),
+    ({"n": 2, "conditions": {"a": {"pass_at_k": {"1": "0.5"}}}}, "conditions.a.pass_at_k.1 must be a number or null"),
+])
+def test_a_malformed_eval_summary_names_the_file_and_field(tmp_path, capsys, summary, where):
+    """A hand-edited or truncated-by-a-tool eval_summary.json was an AttributeError traceback (conditions null, a
+    condition null) or a bare "invalid literal for int()" (a k that is no integer); now one line naming the file
+    and the field, exit 2, like any corrupt run file."""
+    d = _eval_dir(tmp_path, summary)
+    with pytest.raises(SystemExit) as ex:
+        cli([str(d), "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err.strip()
+    assert ex.value.code == 2 and err.startswith(f"essa: error: {d / 'eval_summary.json'}: {where}"), err
+    assert "\n" not in err and "leave this run out" in err

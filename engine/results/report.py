@@ -113,6 +113,67 @@ def _read_json(path: Path) -> dict:
     return obj
 
 
+PASSK_TABLES = ("pass_at_k", "pass_at_k_ci95", "pass_at_k_problems", "pass_at_k_vs_control")
+"""A condition's entries of eval_summary.json keyed by k (``{"1": ..., "4": ...}``; essa eval)."""
+
+
+def _json_type(v) -> str:
+    """The JSON name of a parsed value's type (null, boolean, number, string, array, object)."""
+    return {type(None): "null", bool: "boolean", int: "number", float: "number", str: "string", list: "array",
+            dict: "object"}.get(type(v), type(v).__name__)
+
+
+def _k_table_error(table, name: str, numbers: bool = False) -> str | None:
+    """Why ``table`` (``name`` in the summary) is no ``{str(k): value}`` object (``numbers``: with number or
+    null values), or None (also for None)."""
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        return f"{name} must be an object keyed by k, not {_json_type(table)}"
+    bad = next((k for k in table if not str(k).strip().isdigit()), None)
+    if bad is not None:
+        return f"{name} has key {bad!r}, which is no k (a positive integer)"
+    bad = next((k for k, v in table.items() if numbers and v is not None
+                and (isinstance(v, bool) or not isinstance(v, (int, float)))), None)
+    return None if bad is None else f"{name}.{bad} must be a number or null, not {table[bad]!r}"
+
+
+def eval_summary_error(summary: dict) -> str | None:
+    """Why an eval_summary.json object cannot be reported (the field and what is wrong), or None: the shape
+    the report reads (``conditions`` of objects, their pass@k tables keyed by k, ``pass_at_k_pairs`` of
+    objects); any field may be absent (older summaries) or null where essa eval writes null."""
+    conds = summary.get("conditions", {})
+    if not isinstance(conds, dict):
+        return f"'conditions' must be an object (condition -> metrics), not {_json_type(conds)}"
+    for cond, res in conds.items():
+        if not isinstance(res, dict):
+            return f"conditions.{cond} must be an object of metrics, not {_json_type(res)}"
+        for key in PASSK_TABLES:
+            why = _k_table_error(res.get(key), f"conditions.{cond}.{key}", numbers=key == "pass_at_k")
+            if why:
+                return why
+    pairs = summary.get("pass_at_k_pairs") or []
+    if not isinstance(pairs, list):
+        return f"pass_at_k_pairs must be a list, not {_json_type(pairs)}"
+    for i, pair in enumerate(pairs):
+        if not isinstance(pair, dict):
+            return f"pass_at_k_pairs[{i}] must be an object, not {_json_type(pair)}"
+        why = _k_table_error(pair.get("pass_at_k"), f"pass_at_k_pairs[{i}].pass_at_k")
+        if why:
+            return why
+    return None
+
+
+def _read_eval_summary(path: Path) -> dict:
+    """An eval_summary.json. Raises ValueError naming the file and the field when :func:`_read_json` fails or
+    the object has not the shape the report reads (:func:`eval_summary_error`)."""
+    summary = _read_json(path)
+    why = eval_summary_error(summary)
+    if why:
+        raise ValueError(f"{path}: {why}; fix or remove the file, or leave this run out")
+    return summary
+
+
 def _read_parquet(path: Path) -> list[dict]:
     """A run file's Parquet rows ([] when absent). Raises ValueError naming the file when pyarrow cannot read it."""
     try:
@@ -139,7 +200,8 @@ def load_run(path: str | Path) -> RunData:
         ValueError: the path is not a directory holding any of run.json, metrics.parquet,
             validation.parquet or eval_summary.json (also under eval/ or eval_*/), or one of
             those files is corrupt (the message names it), or a row has no ``generation`` (metrics) or no
-            ``condition`` or ``step`` (validation).
+            ``condition`` or ``step`` (validation), or an eval_summary.json has not the shape the report
+            reads (:func:`eval_summary_error`, the message names the field).
     """
     path = Path(path)
     evals = _eval_dirs(path) if path.is_dir() else []
@@ -147,7 +209,7 @@ def load_run(path: str | Path) -> RunData:
         raise ValueError(f"{path} is not a run directory (no {', '.join(RUN_FILES)}); pass a directory "
                          f"written by essa train, essa grpo or essa eval")
     meta = _read_json(path / "run.json") if (path / "run.json").is_file() else {}
-    summaries = [(d, _read_json(d / "eval_summary.json")) for d in evals]
+    summaries = [(d, _read_eval_summary(d / "eval_summary.json")) for d in evals]
     label = meta.get("label") or (summaries[0][1].get("label") if summaries and not meta else None) or path.name
     metrics = sorted(_rows_with(path / "metrics.parquet", ("generation",)), key=lambda r: r["generation"])
     validation = sorted(_rows_with(path / "validation.parquet", ("condition", "step")),
