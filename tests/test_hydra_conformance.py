@@ -36,6 +36,11 @@ def userconf(tmp_path, monkeypatch):
     (d / "experiment" / "mine.yaml").write_text(
         "# @package _global_\ndefaults:\n  - override /strategy: openai_es\ngenerations: 3\n")
     (d / "mytrain.yaml").write_text("defaults:\n  - train\n  - _self_\ngenerations: 4\n")
+    # a sweep set in a config file (hydra.sweeper.params, which the sweeper puts before the command line's)
+    for name, params in (("sweep_ok", "seed: 0,1"), ("sweep_typo", "genrations: 1,2"),
+                         ("sweep_badvalue", "strategy.population_size: 4,abc")):
+        (d / f"{name}.yaml").write_text(f"defaults:\n  - train\n  - _self_\nhydra:\n  sweeper:\n    params:\n"
+                                        f"      {params}\n")
     monkeypatch.chdir(tmp_path)
     return d
 
@@ -156,6 +161,14 @@ def test_essa_composes_what_hydra_composes_and_refuses_what_it_refuses(command, 
     (["-m", "hydra/sweeper=optuna", "strategy.sigmaa=interval(0.05,0.3)"], "did you mean strategy.sigma0"),
     (["--cfg", "job", "-m", "genrations=3"], "only one of --run, --multirun, --cfg and --info"),
     (["--resolve"], "--resolve"),
+    # a sweep in hydra.sweeper.params of a config file: its jobs are checked like the command line's
+    (["-m", "-cd", USER, "-cn", "sweep_typo"], "genrations: no such field"),
+    (["-m", "-cd", USER, "-cn", "sweep_badvalue"], "strategy.population_size=abc"),
+    (["-cd", USER, "-cn", "sweep_typo", "hydra.mode=MULTIRUN"], "genrations: no such field"),
+    # hydra.sweeper.params is null in essa's config: Hydra fails with an AttributeError/AssertionError trace
+    (["-m", "hydra.sweeper.params.seed='0,1'"], "hydra.sweeper.params is null in this config"),
+    (["-m", "++hydra.sweeper.params.seed='0,1'"], "hydra.sweeper.params is null in this config"),
+    (["-m", "hydra.sweeper.params={seed:'0,1'}"], "hydra.sweeper.params is null in this config"),
 ])
 def test_sweeps_hydra_refuses_are_refused_in_one_line(argv, refusal, userconf, capsys):
     argv = _argv(argv, userconf)
@@ -170,6 +183,8 @@ def test_sweeps_hydra_refuses_are_refused_in_one_line(argv, refusal, userconf, c
     ["-m", "-cd", USER, "strategy=mine,cma_es", "strategy.sigma0=0.2"],       # a sweep over a user's own option
     ["-m", f"hydra.searchpath=[file://{USER}]", "strategy=mine", "strategy.options.ties=average,argsort"],
     ["-m", "+hydra.job.env_set.ESSA_TEST_FLAG=1", "seed=0,1"],  # a '+hydra...' addition is the master's, not each job's
+    ["-m", "-cd", USER, "-cn", "sweep_ok"],                               # the sweep of hydra.sweeper.params
+    ["-m", "-cd", USER, "-cn", "sweep_ok", "hydra.sweeper.params.seed='5,6'"],
 ])
 def test_sweeps_run_the_jobs_hydra_runs(argv, userconf, capsys, monkeypatch, tmp_path):
     """A sweep runs the same jobs with the same configs through essa (its job function faked) and the

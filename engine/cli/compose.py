@@ -88,8 +88,9 @@ class Composer:
 
     def configs(self) -> list:
         """What Hydra composes before any job runs: the config of a single run, or a sweep's master
-        config then one job per value of each swept key (the others at their first value). Raises
-        where Hydra would."""
+        config then one job per value of each swept key (the others at their first value), the keys of
+        ``hydra.sweeper.params`` (:func:`sweeper_params`) and of the command line alike. Raises where
+        Hydra would."""
         from hydra._internal.config_loader_impl import ConfigLoaderImpl
         from hydra.core.override_parser.overrides_parser import OverridesParser
         from hydra.types import RunMode
@@ -101,7 +102,18 @@ class Composer:
                                                         run_mode=RunMode.MULTIRUN, from_shell=True)
         task = [o.input_line for o in OverridesParser.create().parse_overrides(self.overrides)
                 if not o.is_hydra_override()]  # the sweeper sees the task's overrides; the master holds hydra's
-        return [master] + [self.loader.load_sweep_config(master, job) for job in sweep_jobs(task)]
+        jobs = sweep_jobs(sweeper_params(master) + task)
+        return [master] + [self.loader.load_sweep_config(master, job) for job in jobs]
+
+
+def sweeper_params(cfg) -> list[str]:
+    """The sweep a config sets in ``hydra.sweeper.params`` as override lines (``key=value``), the way the basic
+    and Optuna sweepers put them before the command line's overrides (``BasicSweeper._parse_config``,
+    ``OptunaSweeperImpl._parse_sweeper_params_config``, Hydra 1.3); [] without params."""
+    from omegaconf import DictConfig, OmegaConf
+
+    params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None)
+    return [f"{k}={v}" for k, v in params.items()] if isinstance(params, DictConfig) else []
 
 
 def sweep_jobs(overrides: list[str]) -> list[list[str]]:

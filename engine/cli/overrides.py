@@ -294,10 +294,38 @@ def misspelt_key_error(command: str, composer: Composer) -> str | None:
     return None
 
 
+def sweeper_params_line(composer: Composer) -> str | None:
+    """One line for an override of ``hydra.sweeper.params`` (``hydra.sweeper.params.seed='0,1'``,
+    ``hydra.sweeper.params={...}``) where the config's params are null, as essa's are: Hydra 1.3 cannot
+    merge into that null (an AttributeError or AssertionError trace from OmegaConf); None otherwise."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    try:
+        overrides = OverridesParser.create().parse_overrides(composer.overrides)
+    except Exception:  # noqa: BLE001 - a malformed override: Hydra's own error says which
+        return None
+    hits = [o for o in overrides if o.key_or_group == "hydra.sweeper.params"
+            or o.key_or_group.startswith("hydra.sweeper.params.")]
+    if not hits:
+        return None
+    try:
+        cfg = composer.compose([o.input_line for o in overrides if o.is_hydra_override() and o not in hits],
+                               mode=RunMode.MULTIRUN)  # where params come from: the config and hydra.* overrides
+    except Exception:  # noqa: BLE001 - something else fails too: Hydra's error says what
+        return None
+    if OmegaConf.select(cfg, "hydra.sweeper.params", default=None) is not None:
+        return None
+    return (f"override '{hits[0].input_line}': hydra.sweeper.params is null in this config and Hydra 1.3 cannot "
+            f"set keys of it from the command line; sweep with the override itself (e.g. -m seed=0,1), or set "
+            f"hydra.sweeper.params in a config file of your own (-cd DIR -cn NAME)")
+
+
 def composition_error_line(command: str, composer: Composer, e: BaseException) -> str:
     """The one line for Hydra's refusal ``e`` of ``composer``'s command line."""
     return (group_override_error(command, composer) or misspelt_key_error(command, composer)
-            or hydra_error_line(e, command))
+            or sweeper_params_line(composer) or hydra_error_line(e, command))
 
 
 def precheck(command: str, argv: list[str], task_function):
@@ -335,7 +363,8 @@ def precheck(command: str, argv: list[str], task_function):
         raise ConfigError(hydra_error_line(e, command)) from None
     try:
         configs = composer.configs()
-    except (HydraException, OmegaConfBaseException) as e:
+    except (HydraException, OmegaConfBaseException, AttributeError, AssertionError) as e:
+        # AttributeError / AssertionError: OmegaConf's failures to merge into a null node (Hydra fails alike)
         if full_error:
             raise
         raise ConfigError(composition_error_line(command, composer, e)) from None
