@@ -44,7 +44,13 @@ def answer_context(completion: str, reference: str) -> tuple[str, str, str]:
     Returns:
         ``(context, answer, close)``; the prompt goes before ``context``; the scored target is the
         answer's tokens then the first token of ``close``.
+
+    Raises:
+        ValueError: ``reference`` is empty or whitespace (there is nothing to score).
     """
+    if not reference.strip():
+        raise ValueError(f"the reference answer is empty ({reference!r}): the dense reward scores log p(reference "
+                         f"answer), so every problem needs a non-empty answer; check the task's answer field")
     i = completion.rfind(BOX)
     if i < 0:
         return completion.rstrip() + ANSWER_LEAD, reference.strip(), DEFAULT_CLOSE

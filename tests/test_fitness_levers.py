@@ -75,3 +75,26 @@ def test_adaptive_prompts_double_on_noise_and_halve_on_signal():
     assert next_prompts(r, 64, 0.05) == 128 and next_prompts(r, 128, float("nan")) == 200
     assert next_prompts(r, 200, 0.5) == 100 and next_prompts(r, 100, 0.5) == 64
     assert next_prompts(SimpleNamespace(adaptive_prompts=False), 64, -1.0) == 64
+
+
+@pytest.mark.parametrize("completion, reference, context, answer, close", [
+    ("}", "42", "}" + ANSWER_LEAD, "42", "}."),                                        # a lone brace, no box
+    ("x \\boxed{\\boxed{42}}.", "42", "x \\boxed{\\boxed{", "42", "}}."),               # a box in a box: the last
+    ("\\boxed{{{", "1", "\\boxed{", "1", "}."),                                        # never closed
+    ("\\boxed{}}}}", "1", "\\boxed{", "1", "}}}}"),                                    # too many closes
+    ("π ≈ \\boxed{3.14} ✓", " π – ½ ", "π ≈ \\boxed{", "π – ½", "} ✓"),                # unicode
+    ("\\boxed{a}\\boxed{b", "\\frac{1}{2}", "\\boxed{a}\\boxed{", "\\frac{1}{2}", "}."),  # braces in the reference
+])
+def test_answer_context_on_odd_completions(completion, reference, context, answer, close):
+    assert answer_context(completion, reference) == (context, answer, close)
+
+
+@pytest.mark.parametrize("reference", ["", "  \n"])
+def test_an_empty_reference_is_refused_in_one_line(reference):
+    """The dense reward scores log p(reference): an empty one has nothing to score. It failed later in the
+    tokenised pairs as "an empty target cannot be scored: '<|im_start|>system\\nYou are a helpful ass' / ''"
+    (the prompt's first 40 characters, not what is empty; break-it)."""
+    with pytest.raises(ValueError) as e:
+        answer_context("so \\boxed{7}.", reference)
+    msg = str(e.value)
+    assert msg.startswith("the reference answer is empty") and "non-empty answer" in msg and "\n" not in msg

@@ -160,3 +160,16 @@ def test_scores_match_peft_in_one_mixed_batch(scored_setup, fast):
         own = np.concatenate([want[c][k] - want[0][k] for k in range(len(s["pairs"]))])
         other = np.concatenate([want[3 - c][k] - want[0][k] for k in range(len(s["pairs"]))])
         assert np.corrcoef(shift, own)[0, 1] > 0.9 > np.corrcoef(shift, other)[0, 1], c
+
+
+def test_an_empty_answer_names_itself_and_the_end_of_its_prefix():
+    """The refusal names what is empty (the answer) and the END of the prefix, where the target would go;
+    it showed the prompt's first 40 characters, the chat template every pair shares (break-it)."""
+    from engine.evaluation.prefill import encode_answer_pairs
+
+    prefix = "<system> be helpful " * 5 + "so the final answer is \\boxed{"
+    with pytest.raises(ValueError) as e:
+        encode_answer_pairs(_Tok(), [prefix, prefix], ["7", " "], ["}.", "}."])
+    msg = str(e.value)
+    assert msg.startswith("pair 2: an empty answer cannot be scored") and "answer is \\\\boxed{" in msg, msg
+    assert "<system>" not in msg and "\n" not in msg

@@ -25,21 +25,27 @@ Pair = tuple[list[int], list[int]]
 """(prefix token ids, target token ids): the prefix is context, the target's tokens are scored."""
 
 
-def encode_pairs(tokenizer, prefixes: Sequence[str], targets: Sequence[str]) -> list[Pair]:
+def encode_pairs(tokenizer, prefixes: Sequence[str], targets: Sequence[str], target_name: str = "target") -> list[Pair]:
     """Token ids of each (prefix text, target text), tokenised apart (no special tokens added: the
     prefix already carries the chat template).
 
+    Args:
+        target_name: what the targets are, for the error message (e.g. ``"answer"``).
+
     Raises:
-        ValueError: lengths differ, or a prefix or target encodes to no token.
+        ValueError: lengths differ, or a prefix or target encodes to no token (one line: the pair's
+            1-based number, what is empty, and the end of the prefix, where the target goes).
     """
     if len(prefixes) != len(targets):
         raise ValueError(f"{len(prefixes)} prefixes but {len(targets)} targets")
     pairs = []
-    for prefix, target in zip(prefixes, targets):
+    for i, (prefix, target) in enumerate(zip(prefixes, targets), 1):
         p = tokenizer(prefix, add_special_tokens=False)["input_ids"]
         t = tokenizer(target, add_special_tokens=False)["input_ids"]
         if not p or not t:
-            raise ValueError(f"an empty {'prefix' if not p else 'target'} cannot be scored: {prefix[:40]!r} / {target[:40]!r}")
+            raise ValueError(f"pair {i}: an empty {'prefix' if not p else target_name} cannot be scored (the prefix "
+                             f"ends ...{prefix[-40:]!r}, the {target_name} is {target[:40]!r}); every prefix and "
+                             f"{target_name} needs at least one token")
         pairs.append((list(p), list(t)))
     return pairs
 
@@ -55,7 +61,7 @@ def encode_answer_pairs(tokenizer, prefixes: Sequence[str], answers: Sequence[st
     """
     if not len(prefixes) == len(answers) == len(closes):
         raise ValueError(f"{len(prefixes)} prefixes, {len(answers)} answers and {len(closes)} closes")
-    pairs = encode_pairs(tokenizer, prefixes, answers)
+    pairs = encode_pairs(tokenizer, prefixes, answers, target_name="answer")
     for (_, target), close in zip(pairs, closes):
         ids = tokenizer(close, add_special_tokens=False)["input_ids"]
         if not ids:
