@@ -535,3 +535,20 @@ def test_control_refusal_lists_names_as_they_are_typed(tmp_path):
     for name, typed in zip(names, ["no_adapter", "run/mean", "'a,b'", "'ü-ckpt'", "'it\\'s'", "'\\${x}'", "'null'",
                                    "my adapter"]):
         assert compose_eval([f"control={typed}"]).control == name
+
+
+def test_diff_table_counts_each_comparisons_own_problems():
+    """Each comparison is paired on its own problem set: the printed block gave one 'problems' column, the
+    first comparison's, so a row read '-  -  +0.500 [+0.500, +0.500]  0' (0 problems beside a difference on 2;
+    break-it: the control scored nothing, the other pair scored both problems)."""
+    from engine.commands.eval import compare_passk, format_diff_table
+    from engine.evaluation.passes import PassResult
+
+    st = np.array([[["error"] * 2] * 2, [["correct", "wrong"]] * 2, [["wrong", "wrong"]] * 2], dtype=object)
+    none = np.full(st.shape, None, dtype=object)
+    sampled = PassResult(correct=st == "correct", scored=st != "error", extracted=none, status=st,
+                         n_tokens=np.ones(st.shape, dtype=np.int64), texts=none, generate_s=1.0)
+    vs, pairs = compare_passk(sampled, [1, 2], ["ctl", "a", "b"], "ctl")
+    lines = format_diff_table(vs, pairs, "ctl", [1, 2]).splitlines()
+    assert "a - ctl (0 problems)" in lines[1] and "b - ctl (0 problems)" in lines[1] and "a - b (2 problems)" in lines[1]
+    assert lines[2].startswith("pass@1") and lines[2].rstrip().endswith("+0.500 [+0.500, +0.500]")  # no count after

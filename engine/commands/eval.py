@@ -186,24 +186,30 @@ def format_table(summary: dict, n: int, ks: Sequence[int], title: str) -> str:
 
 def format_diff_table(vs_control: dict[str, dict], pairs: list[dict], control: str, ks: Sequence[int]) -> str:
     """The printed block of pass@k differences: one line per k, one column per comparison (each condition
-    minus ``control``, then each pair), ``diff [low, high]`` with the paired bootstrap 95 % interval;
-    ``problems`` of the first comparison. Empty when there is nothing to compare."""
+    minus ``control``, then each pair), ``diff [low, high]`` with the paired bootstrap 95 % interval. Each
+    comparison is paired on its own problem set (the problems both conditions score, the same for every k),
+    so its header counts them. Empty when there is nothing to compare."""
     cols = [(f"{name} - {control}", table) for name, table in vs_control.items()]
     cols += [(f"{p['condition']} - {p['against']}", p["pass_at_k"]) for p in pairs]
     if not cols or not ks:
         return ""
+    cols = [(f"{head} ({n} problem{'' if n == 1 else 's'})", table) for head, table in cols
+            for n in [_problems(table)]]
     sign = lambda x: f"{round(x, 3) + 0.0:+.3f}"  # noqa: E731  (a -1e-17 prints +0.000, not -0.000)
     fmt = lambda d: ("-" if d is None or d["diff"] is None  # noqa: E731
                      else f"{sign(d['diff'])} [{sign(d['low'])}, {sign(d['high'])}]")
     width = max([26] + [len(h) + 2 for h, _ in cols])
     lines = [f"pass@k differences on the problems both conditions score (paired bootstrap over problems, "
              f"95 % interval; control: {control})",
-             f"{'k':<8}" + "".join(f"{h:>{width}}" for h, _ in cols) + f"{'problems':>10}"]
+             f"{'k':<8}" + "".join(f"{h:>{width}}" for h, _ in cols)]
     for k in ks:
-        cells = [table.get(str(k)) for _, table in cols]
-        probs = next((d["problems"] for d in cells if d is not None), 0)
-        lines.append(f"{'pass@' + str(k):<8}" + "".join(f"{fmt(d):>{width}}" for d in cells) + f"{probs:>10d}")
+        lines.append(f"{'pass@' + str(k):<8}" + "".join(f"{fmt(table.get(str(k))):>{width}}" for _, table in cols))
     return "\n".join(lines)
+
+
+def _problems(table: dict) -> int:
+    """The problems a comparison's table (``{str(k): {"diff", "low", "high", "problems"}}``) is paired on."""
+    return next((d["problems"] for d in table.values() if isinstance(d, dict)), 0)
 
 
 def _problem_rows(problems, names, conds, greedy: PassResult, sampled: PassResult | None) -> list[dict]:
