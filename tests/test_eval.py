@@ -552,3 +552,43 @@ def test_diff_table_counts_each_comparisons_own_problems():
     lines = format_diff_table(vs, pairs, "ctl", [1, 2]).splitlines()
     assert "a - ctl (0 problems)" in lines[1] and "b - ctl (0 problems)" in lines[1] and "a - b (2 problems)" in lines[1]
     assert lines[2].startswith("pass@1") and lines[2].rstrip().endswith("+0.500 [+0.500, +0.500]")  # no count after
+
+
+@pytest.mark.parametrize("case, conds, ks", [
+    ("every sample of the control unscorable", [[["error"] * 4] * 3, [["correct"] * 4] * 3], [1, 2, 4]),
+    ("n < max(ks) on some problems", [[["error", "correct", "wrong", "wrong"], ["wrong"] * 4],
+                                      [["correct"] * 4, ["correct", "error", "error", "error"]]], [1, 2, 4]),
+    ("a single problem", [[["correct", "wrong"]], [["wrong", "wrong"]]], [1, 2]),
+    ("all correct", [[["correct"] * 4] * 5] * 2, [1, 2, 4]),
+    ("all wrong", [[["wrong"] * 4] * 5] * 2, [1, 2, 4]),
+    ("nothing scorable at all", [[["error"] * 4] * 2] * 2, [1, 2, 4]),
+    ("three conditions, the control unscorable", [[["error"] * 2] * 2, [["correct", "wrong"]] * 2,
+                                                  [["wrong", "wrong"]] * 2], [1, 2]),
+])
+def test_summary_edge_cases_are_standard_json_with_none_where_undefined(case, conds, ks):
+    """Break-it pass on summarise/compare_passk: no crash, no NaN (strict JSON parsers refuse it), None where a
+    value is undefined (no problem in the set), every defined interval around its value."""
+    from engine.commands.eval import compare_passk, format_diff_table, format_table, summarise
+    from engine.evaluation.passes import PassResult
+
+    def result(statuses):
+        st = np.array(statuses, dtype=object)                                   # (A, N, G)
+        none = np.full(st.shape, None, dtype=object)
+        return PassResult(correct=st == "correct", scored=st != "error", extracted=none, status=st,
+                          n_tokens=np.ones(st.shape, dtype=np.int64), texts=none, generate_s=1.0)
+
+    names = [f"c{i}" for i in range(len(conds))]
+    greedy, sampled = result([[[p[0]] for p in c] for c in conds]), result(conds)
+    summary = summarise(greedy, sampled, ks, names)
+    vs, pairs = compare_passk(sampled, ks, names, names[0])
+    text = json.dumps({"conditions": summary, "vs": vs, "pairs": pairs}, allow_nan=False)  # raises on NaN / inf
+    for name, row in summary.items():
+        for k in map(str, ks):
+            v, ci = row["pass_at_k"][k], row["pass_at_k_ci95"][k]
+            assert (v is None) == (ci is None) == (row["pass_at_k_problems"][k] == 0), (case, name, k)
+            assert v is None or ci[0] - 1e-12 <= v <= ci[1] + 1e-12
+    for table in [*vs.values(), *(p["pass_at_k"] for p in pairs)]:
+        for d in table.values():
+            assert (d["diff"] is None) == (d["problems"] == 0) and (d["diff"] is None or d["low"] <= d["diff"] <= d["high"])
+    assert "nan" not in text.lower() and format_table(summary, len(conds[0][0]), ks, "t")
+    format_diff_table(vs, pairs, names[0], ks)
