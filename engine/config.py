@@ -330,6 +330,19 @@ def check_context(field: str, max_model_len: int, budgets: dict[str, int]) -> No
                               f"lower {name} or raise {field}")
 
 
+SEED_MAX = 2 ** 32 - 1
+"""The largest seed: vLLM's workers seed numpy's global generator with the engine seed (``np.random.seed``
+takes 0 ... 2**32 - 1; vllm/utils/torch_utils.py ``set_random_seed``)."""
+
+
+def check_seed(seed: int, field: str = "seed") -> None:
+    """Raises ConfigError unless ``seed`` is an integer in [0, :data:`SEED_MAX`] (the engine's workers, numpy's
+    generators and the bootstrap seed from it; a larger one fails only when the engine starts)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
+        raise ConfigError(f"{field}={seed}: must be an integer in [0, {SEED_MAX}] (numpy and vLLM's engine seed "
+                          f"from it), e.g. {field}=5")
+
+
 def check_sampling(prefix: str, temperature: float, top_p: float) -> None:
     """Raises ConfigError unless temperature >= 0 (0 = greedy) and 0 < top_p <= 1; ``prefix`` is the
     config group of the two fields ("" for top-level fields)."""

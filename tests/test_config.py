@@ -648,3 +648,19 @@ def test_an_option_the_class_rejects_is_named_without_the_options_dict(overrides
         check_strategy_options(get_strategy(cfg.strategy.name), cfg.strategy, 0)
     assert str(e.value).startswith(expect.split(" (got")[0]) and expect in str(e.value), str(e.value)
     assert "strategy.options={" not in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("command", ["train", "grpo", "eval"])
+@pytest.mark.parametrize("seed", [-1, 2 ** 32])
+def test_a_seed_numpy_and_vllm_refuse_is_refused_before_anything_loads(command, seed):
+    """vLLM's workers seed numpy with the engine seed (np.random.seed: 0 <= seed < 2**32), and essa eval's
+    bootstrap seeds numpy.random.default_rng (>= 0): ``essa eval seed=-1 n=4`` ran both decoding passes and then
+    failed with 'expected non-negative integer', writing nothing; seed=2**32 passed every check and would
+    fail at the engine's start (train: after the warm start). Each command's validate refuses both now."""
+    import importlib
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name=command, overrides=[f"seed={seed}"] + (["n=4"] if command == "eval" else []))
+    with pytest.raises(ConfigError) as e:
+        importlib.import_module(f"engine.commands.{command}_config").validate(cfg)
+    assert str(e.value).startswith(f"seed={seed}: must be an integer in [0, 4294967295]") and "e.g. seed=" in str(e.value)

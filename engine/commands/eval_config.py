@@ -5,7 +5,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional
 
-from engine.config import ConfigError, EngineConfig, ModelConfig, RewardConfig, TaskConfig, check_sampling
+from engine.config import (ConfigError, EngineConfig, ModelConfig, RewardConfig, TaskConfig, check_sampling,
+                           check_seed)
 from engine.hardware import check_numerics_dtype
 from engine.results.passk import check_ks, default_ks
 
@@ -109,6 +110,7 @@ def validate(cfg) -> list[int]:
     if cfg.n < 1:
         raise ConfigError(f"n={cfg.n}: need at least one sample per problem (1 = greedy only)")
     check_sampling("", cfg.temperature, cfg.top_p)
+    check_seed(cfg.seed)  # the engine, the sampled pass and the bootstrap seed from it
     if cfg.n > 1 and cfg.temperature <= 0:
         raise ConfigError(f"temperature={cfg.temperature} with n={cfg.n} gives n identical samples; "
                           f"set temperature=1.0 or n=1")

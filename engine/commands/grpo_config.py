@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from engine.config import (ConfigError, LoggerConfig, LoRAConfig, ModelConfig, RewardConfig, SFTConfig, TaskConfig,
-                           check_context, check_logger, check_lora, check_reward, check_sampling, check_sft,
+                           check_context, check_logger, check_lora, check_reward, check_sampling, check_seed, check_sft,
                            check_task_reward)
 
 log = logging.getLogger("essa.grpo")
@@ -246,8 +246,7 @@ def validate(cfg) -> None:
         ConfigError: one line naming the field and the fix.
     """
     g = cfg.grpo
-    if cfg.seed < 0:
-        raise ConfigError(f"seed={cfg.seed}: must be an integer >= 0, e.g. seed=5")
+    check_seed(cfg.seed)
     check_batches(g)
     check_focal(g, cfg.reward)
     check_training(g)

@@ -9,8 +9,8 @@ from typing import Optional
 
 from engine.config import (ConfigError, EngineConfig, LoggerConfig, LoRAConfig, ModelConfig, RewardConfig, SFTConfig,
                            SignalConfig, StrategyConfig, TaskConfig, check_context, check_engine, check_logger,
-                           check_lora, check_reward, check_sampling, check_sft, check_signal, check_strategy,
-                           check_task_reward)
+                           check_lora, check_reward, check_sampling, check_seed, check_sft, check_signal,
+                           check_strategy, check_task_reward)
 from engine.hardware import check_numerics, check_numerics_dtype
 
 
@@ -150,8 +150,7 @@ def check_run_control(cfg) -> None:
     """Raises ConfigError on ``generations``, ``seed``, ``time_budget_s``, ``deadline_s`` or the ``eval`` group."""
     if cfg.generations < 0:
         raise ConfigError(f"generations={cfg.generations}: must be >= 0")
-    if cfg.seed < 0:
-        raise ConfigError(f"seed={cfg.seed}: must be an integer >= 0 (numpy and the strategies seed from it), e.g. seed=5")
+    check_seed(cfg.seed)  # numpy, the strategies and the engine seed from it
     if cfg.time_budget_s is not None and not cfg.time_budget_s > 0:
         raise ConfigError(f"time_budget_s={cfg.time_budget_s}: must be > 0 seconds, or null for no budget")
     if cfg.deadline_s is not None and not 0 < cfg.deadline_s < float("inf"):
