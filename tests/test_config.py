@@ -650,7 +650,7 @@ def test_an_option_the_class_rejects_is_named_without_the_options_dict(overrides
     assert "strategy.options={" not in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("command", ["train", "grpo", "eval"])
+@pytest.mark.parametrize("command", ["train", "grpo", "eval", "bench"])
 @pytest.mark.parametrize("seed", [-1, 2 ** 32])
 def test_a_seed_numpy_and_vllm_refuse_is_refused_before_anything_loads(command, seed):
     """vLLM's workers seed numpy with the engine seed (np.random.seed: 0 <= seed < 2**32), and essa eval's

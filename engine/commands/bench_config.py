@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
-from engine.config import EngineConfig, LoRAConfig, ModelConfig
+from engine.config import EngineConfig, LoRAConfig, ModelConfig, check_seed
 from engine.hardware import check_numerics_dtype
 
 
@@ -104,5 +104,6 @@ def validate(cfg) -> tuple[list[int], int, int, int]:
                          "compares identical copies and needs at least 2, e.g. phases_population=16, or "
                          "placebo.enabled=false")
     check_numerics_dtype(cfg.get("engine", {}).get("numerics", "auto"), cfg.get("model", {}).get("dtype", "auto"))
+    check_seed(cfg.get("seed", 0))  # the engine seeds numpy with it
     populations = sorted({*raw, sizes["phases_population"]})
     return populations, sizes["prompts_per_candidate"], sizes["max_tokens"], sizes["phases_population"]
