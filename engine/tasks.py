@@ -135,6 +135,9 @@ def read_rows(path: Path, field: str = "task.path") -> list[dict[str, Any]]:
             for i, row in enumerate(rows if isinstance(rows, list) and _escapes_surrogates(text) else []):
                 _check_text(row, f"{field}: {path} row {i + 1} of the array", "fix or delete the row")
             return rows
+        if path.suffix == ".json" and text.lstrip().startswith("{") and _one_object(text):
+            raise ValueError(f"{field}: {path} holds one JSON object, not rows; write a JSON array of objects "
+                             f"([{{...}}, {{...}}]) or JSONL (one object per line)")
         rows, bad = [], []  # bad: (1-based line number, decoder message)
         # JSONL lines end at '\n' only: JSON strings may hold U+2028, U+0085, form feeds... raw, which
         # str.splitlines() would cut at
@@ -158,6 +161,14 @@ def read_rows(path: Path, field: str = "task.path") -> list[dict[str, Any]]:
                              f"line {bad[0][0]}: {bad[0][1]}); fix or delete those lines")
         return rows
     raise ValueError(f"{field}: {path} has unsupported suffix {path.suffix!r}; use .jsonl, .json or .parquet")
+
+
+def _one_object(text: str) -> bool:
+    """Whether ``text`` is one JSON object spread over several lines (not JSONL)."""
+    try:
+        return isinstance(json.loads(text), dict) and len(text.strip().splitlines()) > 1
+    except json.JSONDecodeError:
+        return False
 
 
 def _escapes_surrogates(text: str) -> bool:

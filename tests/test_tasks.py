@@ -323,3 +323,16 @@ def test_a_row_with_an_empty_question_is_skipped(tmp_path, reader, row):
     with pytest.raises(ValueError, match=r"the fields are there but none of their values is usable"):
         load_task(task_cfg(name="mine", reader=reader, path=str(f), train_split="train", val_split="train",
                            val_size=1))
+
+
+def test_a_json_file_holding_one_object_says_so(tmp_path):
+    """A pretty-printed .json object is not rows: it was refused as '4 lines that are not valid JSON (...);
+    fix or delete those lines', which no line edit fixes (break-it)."""
+    f = tmp_path / "data.json"
+    f.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}, indent=2))
+    with pytest.raises(ValueError) as e:
+        load_task(task_cfg(name="mine", reader="gsm8k", path=str(f), val_size=1))
+    msg = str(e.value)
+    assert msg.startswith(f"task.path: {f} holds one JSON object, not rows") and "JSON array" in msg and "JSONL" in msg
+    f.write_text(json.dumps([{"question": f"{i}+1?", "answer": f"#### {i + 1}"} for i in range(3)], indent=2))
+    assert len(load_task(task_cfg(name="mine", reader="gsm8k", path=str(f), val_size=1)).train) == 2
