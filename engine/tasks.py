@@ -529,6 +529,11 @@ def load_task(cfg) -> Task:
         val = val[: cfg.val_size]
     if cfg.train_size:
         train = train[: cfg.train_size]
+    dropped = source.skipped.get("train (question also in val)", 0)
+    if not train and dropped:
+        raise ValueError(f"task {cfg.name!r}: every train row of {root or cfg.hub_id} repeats a held-out question "
+                         f"({dropped} rows; train never sees a held-out question); deduplicate the questions, or "
+                         f"give train and val their own splits (task.train_split / task.val_split)")
     if not train or not val:
         raise ValueError(f"task {cfg.name!r}: no usable rows (train {len(train)}, val {len(val)}, "
                          f"skipped {source.skipped}); check task.path and the field names")

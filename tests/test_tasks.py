@@ -336,3 +336,15 @@ def test_a_json_file_holding_one_object_says_so(tmp_path):
     assert msg.startswith(f"task.path: {f} holds one JSON object, not rows") and "JSON array" in msg and "JSONL" in msg
     f.write_text(json.dumps([{"question": f"{i}+1?", "answer": f"#### {i + 1}"} for i in range(3)], indent=2))
     assert len(load_task(task_cfg(name="mine", reader="gsm8k", path=str(f), val_size=1)).train) == 2
+
+
+def test_train_emptied_by_duplicates_of_held_out_questions_says_so(tmp_path):
+    """Every train row repeated a held-out question: 'no usable rows (train 0, val 2, skipped {...}); check task.path
+    and the field names' named neither the file nor the cause (the fields were fine; break-it)."""
+    f = tmp_path / "dup.jsonl"
+    f.write_text("\n".join(json.dumps({"question": f"q{i % 2}?", "answer": f"#### {i}"}) for i in range(8)) + "\n")
+    with pytest.raises(ValueError) as e:
+        load_task(task_cfg(name="mine", reader="gsm8k", path=str(f), val_size=2))
+    msg = str(e.value)
+    assert msg.startswith(f"task 'mine': every train row of {f} repeats a held-out question (6 rows;") and "\n" not in msg
+    assert "deduplicate" in msg
