@@ -11,7 +11,7 @@ ARGS ?=
 DEADLINE_S ?= 1680
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-unit bench clean
+.PHONY: setup run test test-all test-unit bench clean
 
 setup:
 	@bash tools/setup_env.sh
@@ -20,7 +20,11 @@ setup:
 run: setup
 	$(ESSA) train deadline_s=$(or $(DEADLINE_S),null) $(ARGS)
 
+# make test: unit and integration tests, the slow tier left out (CI); make test-all: every test
 test: setup
+	$(PY) -m pytest -q -rs -m "not slow" $(PYTEST_ARGS) tests
+
+test-all: setup
 	$(PY) -m pytest -q -rs $(PYTEST_ARGS) tests
 
 test-unit: setup

@@ -89,6 +89,7 @@ def _differ(x: list[str], y: list[str]) -> list[int]:
     return [n for n in range(len(x)) if x[n] != y[n]]
 
 
+@pytest.mark.slow  # a numerics study (issue 42); make test-all
 @pytest.mark.integration
 @pytest.mark.timeout(1500)
 def test_invariant_numerics_same_answers_in_any_slot_and_alone(setup):
@@ -104,6 +105,7 @@ def _amx_bf16() -> bool:
     return "amx_bf16" in detect_device().cpu.flags and resolve_dtype("auto", log_choice=False)[0] != "float32"
 
 
+@pytest.mark.slow  # a numerics study (issue 42); make test-all
 @pytest.mark.integration
 @pytest.mark.timeout(1500)
 def test_default_numerics_same_answers_in_two_slots_of_one_batch(setup):

@@ -228,6 +228,7 @@ def test_tiny_real_run(tmp_path):
 
 
 
+@pytest.mark.slow  # test_tiny_real_run covers the vLLM rollout path; make test-all
 @pytest.mark.integration
 @pytest.mark.timeout(900)
 def test_generation_batch_spans_steps(tmp_path):

@@ -25,6 +25,7 @@ def essa(*argv: str) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow  # reasoning-gym end to end; its reward is unit-tested; make test-all
 def test_countdown_trains_and_evaluates(tmp_path):
     run = tmp_path / "train"
     out = essa("train", "task=countdown", "+experiment=tiny", *SMALL, "task.val_size=4", "sft.max_steps=2",

@@ -215,8 +215,9 @@ def _cfg(backend: str, fast: bool):
 
 @pytest.mark.integration
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("backend,fast", [("local", True), ("local", False), ("ray", True), ("ray", False)],
-                         ids=["local-fast", "local-stock", "ray-fast", "ray-stock"])
+@pytest.mark.parametrize("backend,fast", [("local", True), pytest.param("local", False, marks=pytest.mark.slow),
+                                          ("ray", True), pytest.param("ray", False, marks=pytest.mark.slow)],
+                         ids=["local-fast", "local-stock", "ray-fast", "ray-stock"])  # slow: make test-all
 def test_no_adapter_rows_are_the_base_model(setup, backend, fast, caplog):
     if fast and _cuda():
         pytest.skip("essa's fast LoRA kernels are CPU only; on a GPU engine.fast_lora changes nothing")

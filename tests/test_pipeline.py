@@ -161,6 +161,7 @@ def test_interrupt_and_resume_matches_uninterrupted(full_run: Path, tmp_path: Pa
         np.testing.assert_array_equal(a[k].numpy(), b[k].numpy(), err_msg=k)
 
 
+@pytest.mark.slow  # the deadline test covers the same stop; make test-all
 def test_time_budget_stops_after_first_generation(tmp_path: Path):
     """time_budget_s (equal-clock comparisons with GRPO): the run stops after the first generation that
     ends past the budget, then validates and exports as usual."""
@@ -233,7 +234,7 @@ def test_bad_input_is_one_line_error(tmp_path: Path):
         assert len(err) == 1 and field in err[0], (override, proc.stderr[-1500:])
 
 
-@pytest.mark.parametrize("strategy", ["lra_cma", "openai_es"])
+@pytest.mark.parametrize("strategy", ["lra_cma", pytest.param("openai_es", marks=pytest.mark.slow)])  # slow: make test-all
 def test_new_strategies_run_the_tiny_experiment(tmp_path: Path, strategy: str):
     """strategy=lra_cma and strategy=openai_es through the real engine (+experiment=tiny), with the dense
     reward as tie-breaker and the mean's decay on: metrics, the centre, and the final table."""

@@ -131,7 +131,8 @@ def _check_cache_and_order(engine, pairs, refs, order, first):
 
 @pytest.mark.integration
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("fast", [True, False], ids=["essa-kernels", "vllm-kernels"])
+@pytest.mark.parametrize("fast", [True, pytest.param(False, marks=pytest.mark.slow)],
+                         ids=["essa-kernels", "vllm-kernels"])  # slow: make test-all
 def test_scores_match_peft_in_one_mixed_batch(scored_setup, fast):
     from engine.backends import AdapterRef, lora_int_id
     from engine.backends.vllm_local import VLLMBackend

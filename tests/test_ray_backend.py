@@ -422,6 +422,7 @@ def _train(run_dir: Path, *overrides: str, env: dict | None = None) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow  # test_ray_equals_local_and_survives_sigkill covers the restart; make test-all
 @pytest.mark.integration
 @pytest.mark.timeout(3000)
 def test_cli_ray_run_survives_a_killed_actor_and_matches_a_clean_run(tmp_path):

@@ -39,6 +39,7 @@ def summary_accuracy(job: Path) -> float:
     return float(json.loads((job / "summary.json").read_text())["val"]["mean"])
 
 
+@pytest.mark.slow  # four tiny runs; the sweeper contract is unit-tested (tests/test_sweeps.py); make test-all
 def test_optuna_sweep_maximises_the_returned_accuracy(tmp_path):
     sweep = tmp_path / "optuna"
     # no hydra.sweeper.direction: essa's Optuna sweeper maximises by default (issue 29)

@@ -39,6 +39,7 @@ def expected(metrics: list[dict], val: dict) -> tuple[list, dict]:
         {cond: sorted((s, pytest.approx(a)) for (s, c), a in val.items() if c == cond) for _, cond in val}
 
 
+@pytest.mark.slow  # MLflow runs the same path in make test; make test-all
 def test_tensorboard_events_hold_the_series(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -71,6 +72,7 @@ def test_mlflow_run_holds_the_series(tmp_path, monkeypatch):
         assert sorted((m.step, m.value) for m in client.get_metric_history(run_id, f"val/{cond}")) == series, cond
 
 
+@pytest.mark.slow  # MLflow runs the same path in make test; make test-all
 def test_wandb_offline_run_holds_the_series(tmp_path):
     from tests.helpers import wandb_history
 

@@ -33,6 +33,7 @@ def _score(setup, adapters):
     return [o[0].text for o in outs[0]], rewards[0, :, 0].tolist()
 
 
+@pytest.mark.slow  # a numerics study (issue 42); make test-all
 @pytest.mark.integration
 @pytest.mark.timeout(1200)
 def test_float32_same_answers_in_two_separate_engines(tmp_path):
