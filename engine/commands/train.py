@@ -28,8 +28,9 @@ from engine.lora.files import is_no_space
 from engine.commands.train_checkpoint import (CHECKPOINT, RunState, open_checkpoint, restore_strategy,
                                               write_checkpoint)
 from engine.commands.train_config import validate
-from engine.commands.train_schedule import (condition_price_s, deadline_allows, fits_deadline, generation_sampling,
-                                            periodic_validation_due, periodic_validation_fits, sampled_pass_s)
+from engine.commands.train_schedule import (base_model_price_s, condition_price_s, deadline_allows, fits_deadline,
+                                            generation_sampling, periodic_validation_due, periodic_validation_fits,
+                                            sampled_pass_s)
 from engine.results.run_files import MetricsLog, ValidationLog, final_summary, run_metadata, truncate_run_logs
 from engine.results.trackers import end_status
 from engine.search.budget import next_prompts
@@ -751,7 +752,7 @@ def _late_base_model(run: TrainRun) -> None:
         return
     rewards = base_model_rewards(run, score=False)
     hint = "one run with deadline_s=null (make run DEADLINE_S=null) scores and caches it for every later run"
-    if rewards is None and _extra_fits(run, "base model", run.condition_s or 0.0, hint):
+    if rewards is None and _extra_fits(run, "base model", base_model_price_s(run.condition_s or 0.0), hint):
         rewards = base_model_rewards(run)
     if rewards is not None:
         run.validation.add(0, rewards)

@@ -79,6 +79,19 @@ def sampled_pass_s(cfg, condition_s: float, n_val: int) -> float:
     return condition_s * 2 * min(cfg.eval.sample_problems, n_val) * cfg.eval.samples / max(n_val, 1)
 
 
+LONE_CONDITION_FACTOR = 1.5
+"""The base model's late score, one condition in a call of its own, priced at this many times a condition of
+the final call: alone it fills the batch less, and without the warm start's answer format it writes longer
+answers (`make run` on a 2-core AMD EPYC, no AMX: 70 s alone against 55 s per condition of the final call,
+which the unscaled price let start with 64 s left and end 12 s past ``deadline_s``)."""
+
+
+def base_model_price_s(condition_s: float) -> float:
+    """Projected seconds of the base model's late held-out score (:data:`LONE_CONDITION_FACTOR` x a final-call
+    condition's ``condition_s``)."""
+    return LONE_CONDITION_FACTOR * condition_s
+
+
 def fits_deadline(cfg, elapsed_s: float, need_s: float) -> bool:
     """Whether ``need_s`` more seconds, ``elapsed_s`` after the command started, end by ``cfg.deadline_s``
     (always, without one): the test for the final call's extras (base model score, sampled pass), which
