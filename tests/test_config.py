@@ -532,7 +532,7 @@ def test_deadline_skips_a_periodic_validation_before_it_stops_the_run(caplog):
 
 def test_base_model_score_left_to_the_end_comes_from_the_cache_or_fits_or_is_skipped(monkeypatch):
     """Under deadline_s a base model not in the cache is scored after the final call (issue 26: generations
-    first): from the cache if a run filled it meanwhile, scored if one more condition fits, else skipped."""
+    first): from the cache if a run filled it meanwhile, scored if 1.5 final-call conditions still fit, else skipped."""
     import time
     import types
     from pathlib import Path

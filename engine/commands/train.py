@@ -746,7 +746,8 @@ def sampled_metrics(run: TrainRun, conds: dict[str, AdapterRef | None]) -> dict 
 
 def _late_base_model(run: TrainRun) -> None:
     """The base model's step-0 score when :func:`baselines` left it to the end (``deadline_s``, not cached):
-    from the cache, or scored (and cached) if one more condition fits the deadline, else listed as skipped."""
+    from the cache, or scored (and cached) if :func:`base_model_price_s` seconds still fit the deadline, else listed
+    as skipped."""
     cfg = run.cfg
     if not cfg.eval.baselines or any(r["condition"] == "no_adapter" for r in run.validation.rows):
         return

@@ -83,7 +83,8 @@ LONE_CONDITION_FACTOR = 1.5
 """The base model's late score, one condition in a call of its own, priced at this many times a condition of
 the final call: alone it fills the batch less, and without the warm start's answer format it writes longer
 answers (`make run` on a 2-core AMD EPYC, no AMX: 70 s alone against 55 s per condition of the final call,
-which the unscaled price let start with 64 s left and end 12 s past ``deadline_s``)."""
+which the unscaled price let start with 64 s left; the command, report included, ended 12 s past ``deadline_s``).
+Calibrated on a final call of three conditions only; where it holds two or four, a condition's share differs."""
 
 
 def base_model_price_s(condition_s: float) -> float:
