@@ -144,14 +144,19 @@ class SFTConfig:
 class GenomeConfig:
     """Genome codec (strategies/genomes.py).
 
-    kind: svd_lora (ESSA §3.2: offsets of singular values) | lora (every A/B entry).
-    alpha: fraction of each factor's singular values that evolve (k = floor(alpha r) >= 1).
-    mode: additive (s + offset, the paper) | relative (s (1 + offset)).
+    kind: svd_lora (ESSA §3.2: offsets of singular values) | tinylora (TinyLoRA, arXiv 2602.04118: u numbers
+      through fixed random projections in the warm start's SVD frame) | lora (every A/B entry).
+    alpha: svd_lora: fraction of each factor's singular values that evolve (k = floor(alpha r) >= 1).
+    mode: svd_lora: additive (s + offset, the paper) | relative (s (1 + offset)).
+    u: tinylora: numbers per trainable vector (>= 1). tied: tinylora: one vector for every module (D = u,
+      the paper's full tying) or one per module (D = u x modules).
     """
 
     kind: str = "svd_lora"
     alpha: float = 1.0
     mode: str = "additive"
+    u: int = 16
+    tied: bool = True
 
 
 @dataclass
@@ -364,8 +369,12 @@ def check_strategy(s, lora) -> None:
     g = s.genome
     if not 0 < g.alpha <= 1:
         raise ConfigError(f"strategy.genome.alpha={g.alpha}: must be in (0, 1]")
-    if g.kind not in ("svd_lora", "lora"):
-        raise ConfigError(f"strategy.genome.kind={g.kind!r}: use svd_lora (ESSA) or lora (every LoRA entry)")
+    if g.kind not in ("svd_lora", "tinylora", "lora"):
+        raise ConfigError(f"strategy.genome.kind={g.kind!r}: use svd_lora (ESSA), tinylora (TinyLoRA) or lora "
+                          f"(every LoRA entry)")
+    if g.kind == "tinylora" and g.u < 1:
+        raise ConfigError(f"strategy.genome.u={g.u}: must be >= 1 (numbers in TinyLoRA's vector), e.g. "
+                          f"strategy.genome.u=16")
     if g.kind == "svd_lora" and math.floor(g.alpha * lora.rank + 1e-9) < 1:  # strategies.genomes.searched_singular_values
         raise ConfigError(f"strategy.genome.alpha={g.alpha} gives floor(alpha * r) = 0 singular values at "
                           f"rank r={lora.rank} (lora.rank); use strategy.genome.alpha >= {1 / lora.rank:.3g} "

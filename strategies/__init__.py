@@ -13,6 +13,7 @@ class: ESSA, arXiv 2507.04453, is CMA-ES over the SVD-LoRA genome, which is chos
 learning-rate adaptation, arXiv 2304.03473, through ``cmaes``; D <= 2000), ``openai_es``
 (OpenAI-ES, arXiv 1703.03864: mirrored sampling, centred ranks, fixed sigma, SGD or Adam),
 ``randopt`` (RandOpt-style top-K averaging), ``mezo_gv`` (MeZO-GV-style best-minus-worst direction),
+``corp`` (CoRP-style compatibility-weighted direction behind a held-out gate),
 ``guided_cma`` (CMA-ES with a ridge-regression direction injected every generation), ``nevergrad``
 (Nevergrad's ask/tell optimizers, ``strategy.options.optimizer``), and the skeptic's baselines
 ``random_baseline`` (random search) and ``scale_baseline`` (a 1-D search over the warm start's scale,
@@ -30,6 +31,7 @@ import importlib.metadata
 from strategies.base import Strategy, rank_nan_last
 from strategies.baselines import RandomSearch, ScaleSearch
 from strategies.cma_es import CMAES, SepCMAES
+from strategies.corp import CoRP
 from strategies.guided_cma import GuidedCMAES
 from strategies.lra_cma import LRACMAES
 from strategies.mezo_gv import MeZOGV
@@ -49,6 +51,7 @@ REGISTRY: dict[str, type[Strategy]] = {
     "openai_es": OpenAIES,
     "randopt": RandOpt,
     "mezo_gv": MeZOGV,
+    "corp": CoRP,
     "guided_cma": GuidedCMAES,
     "nevergrad": NevergradStrategy,
     "random_baseline": RandomSearch,

@@ -15,6 +15,8 @@ Codecs:
 
 * :class:`SVDLoRAGenome` - ESSA (arXiv 2507.04453, §3 step 2): the singular values of every
   factor, D = L x 4 x 2 x floor(alpha r). Searched by CMA-ES (``strategy=essa``).
+* :class:`TinyLoRAGenome` - TinyLoRA (arXiv 2602.04118): u numbers tied across modules, through
+  fixed random r x r projections in the SVD frame of the warm start's update, D = u (16 by default).
 * :class:`LoRAGenome` - every entry of every A and B, D = sum of factor sizes. Searched by
   separable CMA-ES (``strategy=sep_cma``).
 
@@ -39,6 +41,7 @@ __all__ = [
     "GenomeCodec",
     "LoRAGenome",
     "SVDLoRAGenome",
+    "TinyLoRAGenome",
     "benchmark_decode",
     "canonical_keys",
     "lora_key",
@@ -144,6 +147,15 @@ class GenomeCodec(abc.ABC):
         if genome.shape != (self.dim,):
             raise ValueError(f"genome has shape {genome.shape}, expected ({self.dim},) for {type(self).__name__}")
         return self.decode_batch(genome[None])[0]
+
+    def decode_torch(self, genome: torch.Tensor) -> LoRAState:
+        """:meth:`decode` in torch, differentiable in ``genome`` (D,) (the gradient oracle of
+        tools/genome_capacity.py backpropagates through it): float32 factors on the genome's device.
+
+        Raises:
+            NotImplementedError: a codec without a differentiable decode.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no differentiable decode_torch")
 
     def x0(self) -> np.ndarray:
         """The genome of the reference adapter: zeros, (D,) float64."""
@@ -355,6 +367,12 @@ class SVDLoRAGenome(GenomeCodec):
                 d.update(zip(keys, wp.unbind(0)))
         return [{key: d[key] for key in self.keys} for d in out]
 
+    def decode_torch(self, genome: torch.Tensor) -> LoRAState:
+        """Differentiable decode of one genome (D,): the offsets in float64, the products in float32
+        (:meth:`apply_offsets`, :meth:`compose`), as :meth:`decode_batch` does them."""
+        offsets = genome.to(torch.float64).view(len(self.keys), self.k)
+        return self.compose(self.apply_offsets(offsets)[None])[0]
+
     def decode_batch(self, genomes: np.ndarray) -> list[LoRAState]:
         """Decode genomes into LoRA states: W' = U diag(s') V^T per factor.
 
@@ -438,6 +456,11 @@ class LoRAGenome(GenomeCodec):
         w = torch.from_numpy((self._check_batch(genomes) + self.base).astype(np.float32))  # (P, D)
         return [{k: w[p, a:b].reshape(self.shapes[k]).clone() for k, a, b in self.slices()} for p in range(len(w))]
 
+    def decode_torch(self, genome: torch.Tensor) -> LoRAState:
+        """Differentiable decode of one genome (D,): the reference entries plus the offsets, float32."""
+        w = torch.from_numpy(self.base).to(genome.device, torch.float32) + genome.to(torch.float32)
+        return {k: w[a:b].view(self.shapes[k]) for k, a, b in self.slices()}
+
     def encode(self, lora: LoRAState) -> np.ndarray:
         """Entry-wise offset from the reference adapter, (D,) float64.
 
@@ -447,6 +470,134 @@ class LoRAGenome(GenomeCodec):
         self._check_lora(lora)
         flat = np.concatenate([lora[k].detach().to("cpu", torch.float64).reshape(-1).numpy() for k in self.keys])
         return flat - self.base
+
+
+class TinyLoRAGenome(GenomeCodec):
+    """TinyLoRA's genome (arXiv 2602.04118, §3; LoRA-XS's SVD frame): u numbers, tied across modules,
+    mapped through fixed random r x r projections into every module's warm-start update.
+
+    The paper (and ``peft.TinyLoraConfig``) writes a module's update as U sqrt(S) R sqrt(S) V^T with
+    U, S, V the top-r SVD of the frozen *base* weight and R = sum_i v_i P_i. Here the frame is the warm
+    start's own update B A = U S V^T (rank r, the adapter's rank), so the result stays an ordinary LoRA
+    adapter of the warm start's rank that vLLM serves like any other (the base weight's frame would
+    need rank r + r_tiny adapters and a larger ``max_lora_rank``). Only B moves; A is kept::
+
+        R_m   = sum_i v_{g(m), i} P_{m, i}                 # (r, r); P_m (u, r, r) ~ N(0, 1 / (r u))
+        B'_m  = B_m + U_m sqrt(S_m) R_m sqrt(S_m) V_m^T A_m^+     # (out, r)
+        B'_m A_m = B_m A_m + U_m sqrt(S_m) R_m sqrt(S_m) V_m^T    # V^T lies in A's row space
+
+    so v = 0 decodes to the warm start exactly and R = I would double a module's update. ``P`` has
+    peft's N(0, 1/r) entries divided by sqrt(u), so that a genome v ~ N(0, sigma^2 I_u) gives R entries
+    of std sigma / sqrt(r) at every u: one ``strategy.sigma0`` means the same relative change at any u.
+    ``tied`` (the paper's full weight tying): one v for every module, D = u; untied, one v per module,
+    D = u x modules. A module whose update is zero (B = 0, no warm start) has S = 0 and does not move.
+
+    Args:
+        lora: the reference (SFT) adapter, see :class:`GenomeCodec`.
+        u: numbers per v, >= 1 (the paper: 1-13 on Qwen2.5-7B; peft's default 64).
+        tied: one v for all modules (True) or one per module.
+        projection_seed: seed of the P tensors (module m draws from the stream (seed, m)).
+
+    Raises:
+        ValueError: ``u`` not a positive integer (naming ``strategy.genome.u``), ``tied`` not a bool
+            (naming ``strategy.genome.tied``); see also :func:`canonical_keys`.
+    """
+
+    def __init__(self, lora: LoRAState, u: int = 16, tied: bool = True, projection_seed: int = 0) -> None:
+        super().__init__(lora)
+        if isinstance(u, bool) or not isinstance(u, (int, np.integer)) or u < 1:
+            raise ValueError(f"strategy.genome.u must be an integer >= 1 (got {u!r}), e.g. strategy.genome.u=16")
+        if not isinstance(tied, (bool, np.bool_)):
+            raise ValueError(f"strategy.genome.tied must be true or false (got {tied!r})")
+        self.u, self.tied, self.projection_seed = int(u), bool(tied), int(projection_seed)
+        self.a_keys, self.b_keys = self.keys[0::2], self.keys[1::2]  # canonical order: A before B per module
+        self._a = [lora[k].detach().to("cpu", torch.float32).clone() for k in self.a_keys]
+        self._groups = []  # modules of one B shape: (module idx, B (G, out, r), L (G, out, r), Q (G, r, r), P (G, u, r, r))
+        by_shape: dict[tuple[int, int], list[int]] = {}
+        for m, key in enumerate(self.b_keys):
+            by_shape.setdefault(self.shapes[key], []).append(m)
+        for idx in by_shape.values():
+            parts = [self._frame(lora, m) for m in idx]
+            self._groups.append((np.array(idx), *(torch.stack(t) for t in zip(*parts))))
+
+    def _frame(self, lora: LoRAState, m: int) -> tuple[torch.Tensor, ...]:
+        """Module m's B (out, r), L = U sqrt(S) (out, r), Q = sqrt(S) V^T A^+ (r, r) and P (u, r, r), float32."""
+        a = lora[self.a_keys[m]].detach().to("cpu", torch.float64)  # (r, in)
+        b = lora[self.b_keys[m]].detach().to("cpu", torch.float64)  # (out, r)
+        q, tri = torch.linalg.qr(a.T)  # A^T = q tri: (in, r), (r, r); B A = (B tri^T) q^T
+        u_, s, wh = torch.linalg.svd(b @ tri.T, full_matrices=False)  # (out, r), (r,), (r, r); V^T = wh q^T
+        root = s.sqrt()
+        left = u_ * root  # (out, r)
+        right = root[:, None] * wh @ torch.linalg.pinv(tri.T)  # sqrt(S) V^T A^+ = sqrt(S) wh tri^-T: (r, r)
+        r = self.rank
+        g = torch.Generator().manual_seed(int(np.random.SeedSequence([self.projection_seed, m]).generate_state(1)[0]))
+        p = torch.randn(self.u, r, r, generator=g, dtype=torch.float64) / math.sqrt(r * self.u)
+        return tuple(t.to(torch.float32) for t in (b, left, right, p))
+
+    @property
+    def dim(self) -> int:
+        """D = u (tied) or u x modules."""
+        return self.u if self.tied else self.u * len(self.b_keys)
+
+    def slices(self) -> list[tuple[str, int, int]]:
+        """Tied: ``[("*", 0, u)]`` (one v moves every lora_B); untied: ``[(B key of module m, m u, (m + 1) u)]``."""
+        if self.tied:
+            return [("*", 0, self.u)]
+        return [(key, m * self.u, (m + 1) * self.u) for m, key in enumerate(self.b_keys)]
+
+    def compose(self, v: torch.Tensor) -> list[LoRAState]:
+        """LoRA factors of genomes ``v`` (P, D), differentiable in v (float32 products on any device).
+
+        Returns:
+            P dicts {PEFT key: (rows, cols) float32 on v's device} in canonical key order; A tensors are
+            the warm start's (shared across the P dicts), B tensors views of one product per shape.
+        """
+        v = v.to(torch.float32)
+        per_module = v[:, None, :].expand(-1, len(self.b_keys), -1) if self.tied else v.view(len(v), -1, self.u)
+        out: list[LoRAState] = [{} for _ in range(len(v))]
+        for idx, b, left, right, p in self._groups:
+            b, left, right, p = (t.to(v.device) for t in (b, left, right, p))
+            r_mat = torch.einsum("pgu,guij->pgij", per_module[:, torch.from_numpy(idx).to(v.device)], p)
+            new_b = b + left @ r_mat @ right  # (G, out, r) + (G, out, r) @ (P, G, r, r) @ (G, r, r) -> (P, G, out, r)
+            for d, bp in zip(out, new_b.unbind(0)):
+                d.update((self.b_keys[m], t) for m, t in zip(idx, bp.unbind(0)))
+        a = {k: t.to(v.device) for k, t in zip(self.a_keys, self._a)}
+        return [{key: (a[key] if key in a else d[key]) for key in self.keys} for d in out]
+
+    def decode_torch(self, genome: torch.Tensor) -> LoRAState:
+        """Differentiable decode of one genome (D,) (:meth:`compose`)."""
+        return self.compose(genome[None])[0]
+
+    def decode_batch(self, genomes: np.ndarray) -> list[LoRAState]:
+        """Decode (P, D) genomes into P LoRA states (float32 CPU, canonical order, own storage).
+
+        Raises:
+            ValueError: on a wrong shape or non-finite entries.
+        """
+        with torch.no_grad():
+            states = self.compose(torch.from_numpy(self._check_batch(genomes)))
+        return [{key: w.clone() for key, w in d.items()} for d in states]
+
+    def encode(self, lora: LoRAState) -> np.ndarray:
+        """Least-squares v whose decoded B factors are nearest ``lora``'s (A is the warm start's).
+
+        Exact for adapters in the codec's image (the outputs of :meth:`decode`); any other adapter is
+        projected. Returns (D,) float64.
+
+        Raises:
+            ValueError: if ``lora``'s keys or shapes differ from the reference adapter's.
+        """
+        self._check_lora(lora)
+        gram = np.zeros((len(self.b_keys), self.u, self.u))  # (modules, u, u)
+        rhs = np.zeros((len(self.b_keys), self.u))
+        for idx, b, left, right, p in self._groups:
+            basis = left.double()[:, None] @ p.double() @ right.double()[:, None]  # (G, u, out, r)
+            target = torch.stack([lora[self.b_keys[m]].detach().double() for m in idx]) - b.double()  # (G, out, r)
+            gram[idx] = torch.einsum("guxy,gvxy->guv", basis, basis).numpy()
+            rhs[idx] = torch.einsum("guxy,gxy->gu", basis, target).numpy()
+        if self.tied:
+            return np.linalg.lstsq(gram.sum(0), rhs.sum(0), rcond=None)[0]
+        return np.concatenate([np.linalg.lstsq(g, h, rcond=None)[0] for g, h in zip(gram, rhs)])
 
 
 def _complete_basis(q: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -463,7 +614,8 @@ def make_genome(kind: str, lora: LoRAState, **kwargs) -> GenomeCodec:
 
     Args:
         kind: ``"svd_lora"`` (:class:`SVDLoRAGenome`, ESSA; kwargs ``alpha``, ``mode``,
-            ``basis_seed``) or ``"lora"`` (:class:`LoRAGenome`, no kwargs).
+            ``basis_seed``), ``"tinylora"`` (:class:`TinyLoRAGenome`; kwargs ``u``, ``tied``,
+            ``projection_seed``) or ``"lora"`` (:class:`LoRAGenome`, no kwargs).
         lora: the reference (SFT) adapter.
 
     Raises:
@@ -471,9 +623,11 @@ def make_genome(kind: str, lora: LoRAState, **kwargs) -> GenomeCodec:
     """
     if kind == "svd_lora":
         return SVDLoRAGenome(lora, **kwargs)
+    if kind == "tinylora":
+        return TinyLoRAGenome(lora, **kwargs)
     if kind == "lora":
         return LoRAGenome(lora, **kwargs)
-    raise ValueError(f"strategy.genome.kind must be 'svd_lora' or 'lora' (got {kind!r})")
+    raise ValueError(f"strategy.genome.kind must be 'svd_lora', 'tinylora' or 'lora' (got {kind!r})")
 
 
 def random_lora(

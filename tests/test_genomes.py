@@ -11,6 +11,7 @@ from strategies.genomes import (
     MODULES,
     LoRAGenome,
     SVDLoRAGenome,
+    TinyLoRAGenome,
     benchmark_decode,
     canonical_keys,
     lora_key,
@@ -43,6 +44,8 @@ CODECS = [
     ("svd_lora", dict(mode="additive")),
     ("svd_lora", dict(mode="relative")),
     ("svd_lora", dict(alpha=0.5)),
+    ("tinylora", dict(u=5)),
+    ("tinylora", dict(u=3, tied=False)),
     ("lora", {}),
 ]
 
@@ -175,7 +178,10 @@ def test_offset_on_zero_b_uses_random_basis(lora_b0):
         (lambda lo: SVDLoRAGenome(lo, alpha=0.1), "strategy.genome.alpha=0.1 gives floor"),  # k = 0
         (lambda lo: SVDLoRAGenome(lo, alpha=1.5), r"strategy.genome.alpha must be in \(0, 1\]"),
         (lambda lo: SVDLoRAGenome(lo, mode="mult"), "strategy.genome.mode"),
-        (lambda lo: make_genome("svd", lo), "strategy.genome.kind must be 'svd_lora' or 'lora'"),
+        (lambda lo: make_genome("svd", lo), "strategy.genome.kind must be 'svd_lora', 'tinylora' or 'lora'"),
+        (lambda lo: TinyLoRAGenome(lo, u=0), "strategy.genome.u must be an integer >= 1"),
+        (lambda lo: TinyLoRAGenome(lo, u=2.5), "strategy.genome.u must be an integer >= 1"),
+        (lambda lo: TinyLoRAGenome(lo, tied="yes"), "strategy.genome.tied must be true or false"),
         (lambda lo: LoRAGenome({**lo, "model.embed.weight": torch.zeros(2, 2)}), "is not 'base_model"),
         (lambda lo: LoRAGenome({k: v for k, v in lo.items() if ".1.self_attn.v_proj.lora_B" not in k}), "but not"),
         (lambda lo: LoRAGenome({}), "empty"),
@@ -205,17 +211,14 @@ def test_benchmark_decode(capsys):
         print(f"\n  decode_batch P=16: svd_lora {svd_ms:.0f} ms, lora {lora_ms:.0f} ms")
 
 
-@pytest.mark.parametrize("alpha,mode", [(0.125, "relative"), (1.0, "relative"), (0.5, "additive")])
-def test_capacity_tool_decodes_like_the_codec_and_carries_gradients(lora, alpha, mode):
-    """tools/genome_capacity.py's differentiable decode (the gradient oracle of issue 11) must be the
-    genome ESSA searches: the same factors as SVDLoRAGenome.decode for any x, and a gradient in x."""
-    from tools.genome_capacity import TorchSVDDecode
-
-    codec = make_genome("svd_lora", lora, alpha=alpha, mode=mode)
-    decode = TorchSVDDecode(codec, torch.device("cpu"))
+@pytest.mark.parametrize("kind, kwargs", CODECS + [("svd_lora", dict(alpha=0.125, mode="relative"))])
+def test_decode_torch_decodes_like_the_codec_and_carries_gradients(lora, kind, kwargs):
+    """tools/genome_capacity.py's differentiable decode (the gradient oracle of issues 11 and 39) must be
+    the genome the run searches: the same factors as decode for any x, and a gradient in x."""
+    codec = make_genome(kind, lora, **kwargs)
     x = np.random.default_rng(3).normal(0.0, 0.5, codec.dim).astype(np.float32)
     xt = torch.tensor(x, requires_grad=True)
-    got = decode(xt)
+    got = codec.decode_torch(xt)
     assert_lora_close({k: got[k].detach() for k in codec.keys}, codec.decode(x))
     sum(f.square().sum() for f in got.values()).backward()
     assert xt.grad is not None and xt.grad.abs().sum() > 0
@@ -233,3 +236,45 @@ def test_apply_offsets_checks_its_shape_and_agrees_across_numpy_and_torch(lora):
         codec.apply_offsets(np.zeros((F, 1)))
     factors = codec.compose(codec.apply_offsets(torch.from_numpy(off)))  # float64 in: cast, not an error
     assert_lora_close(factors[1], codec.decode(off[1].reshape(-1)))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_tinylora_moves_each_update_inside_its_own_svd_frame(lora, tied):
+    """TinyLoRA (arXiv 2602.04118): A is kept, D = u (tied) or u x modules, and each module's update
+    B'A - BA = U sqrt(S) R sqrt(S) V^T lies in the frame of the warm start's B A; tied, one v moves all."""
+    codec = TinyLoRAGenome(lora, u=4, tied=tied)
+    modules = L * 4
+    assert codec.dim == (4 if tied else 4 * modules)
+    x = np.random.default_rng(0).normal(0.0, 0.3, codec.dim)
+    out = codec.decode(x)
+    moved = 0
+    for ka, kb in zip(codec.a_keys, codec.b_keys):
+        assert torch.equal(out[ka], lora[ka])
+        before = lora[kb].double() @ lora[ka].double()
+        delta = out[kb].double() @ out[ka].double() - before
+        u, _, vh = torch.linalg.svd(before, full_matrices=False)
+        u, vh = u[:, :R], vh[:R]
+        assert torch.allclose(u @ (u.T @ delta @ vh.T) @ vh, delta, atol=1e-6)
+        moved += bool(delta.abs().max() > 1e-6)
+    assert moved == modules
+    if not tied:  # module 0's slice moves module 0 only
+        x0 = np.zeros(codec.dim)
+        x0[:4] = 0.3
+        changed = [k for k, t in codec.decode(x0).items() if not torch.equal(t, lora[k])]
+        assert changed == [codec.b_keys[0]]
+
+
+def test_tinylora_sigma_means_the_same_change_at_every_u(lora):
+    """P ~ N(0, 1 / (r u)): the mean relative change of the updates at genome std 0.3 hardly depends on u."""
+    def change(u):
+        codec = TinyLoRAGenome(lora, u=u)
+        xs = np.random.default_rng(1).normal(0.0, 0.3, (32, codec.dim))
+        k = codec.b_keys[0]
+        return np.mean([float((d[k] - lora[k]).norm() / lora[k].norm()) for d in codec.decode_batch(xs)])
+    small, large = change(2), change(64)
+    assert 0.5 < small / large < 2.0, (small, large)
+
+
+def test_tinylora_zero_update_does_not_move(lora_b0):
+    codec = TinyLoRAGenome(lora_b0, u=3)
+    assert_lora_close(codec.decode(np.ones(codec.dim)), lora_b0)

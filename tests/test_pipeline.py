@@ -270,3 +270,29 @@ def test_likelihood_fitness_runs_the_tiny_experiment(tmp_path: Path):
     assert {r["status"] for r in roll} == {"likelihood"} and len(roll) == (4 + 1) * 2
     assert all(r["reward"] < 0 for r in roll)
     assert json.loads((run / "summary.json").read_text())["generations"] == 2
+
+
+def test_tinylora_genome_runs_the_tiny_experiment(tmp_path: Path):
+    """strategy.genome.kind=tinylora (issue 39: TinyLoRA's u numbers, tied across modules) through the real
+    engine: vLLM serves its candidates as ordinary rank-8 LoRA adapters, the run logs D = u, and the exported
+    mean keeps the warm start's A factors while its B factors moved inside the warm start's SVD frame."""
+    import json
+
+    import torch
+
+    run = tmp_path / "tinylora"
+    proc = essa(run, "strategy.genome.kind=tinylora", "strategy.genome.u=4", "eval.baselines=false",
+                "rollout.dense=tiebreak", "eval.every=0", "report=false")  # dense: 2 prompts rarely tie all 4
+    out = finish(proc)
+    assert proc.returncode == 0, out[-3000:]
+    assert "genome tinylora (u 4, tied): D 4" in out
+    metrics = pq.read_table(run / "metrics.parquet").to_pylist()
+    assert [m["generation"] for m in metrics] == [0, 1] and all(m["tokens"] > 0 for m in metrics)
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["genome_dim"] == 4
+    sft_dir = Path(meta["sft_adapter"])
+    mean, cfg = read_adapter(run / "adapters" / "mean")
+    sft, _ = read_adapter(sft_dir)
+    assert cfg["r"] == 8 and mean.keys() == sft.keys()
+    assert all(torch.equal(mean[k], sft[k]) for k in sft if k.endswith("lora_A.weight"))
+    assert any(not torch.equal(mean[k], sft[k]) for k in sft if k.endswith("lora_B.weight"))

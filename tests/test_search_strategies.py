@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 
 from strategies import REGISTRY, get_strategy
 from strategies.baselines import RandomSearch, ScaleSearch, fit_scale
+from strategies.corp import CoRP, compatible_direction
 from strategies.guided_cma import GuidedCMAES, ridge_direction
 from strategies.mezo_gv import MeZOGV
 from strategies.nevergrad_bridge import PICKLE_MODULES, NevergradStrategy
@@ -19,7 +20,7 @@ from strategies.randopt import RandOpt
 from strategies.testing import check_strategy
 
 CONF = Path(__file__).parent.parent / "conf" / "strategy"
-NEW = ["randopt", "mezo_gv", "guided_cma", "nevergrad", "random_baseline", "scale_baseline"]
+NEW = ["randopt", "mezo_gv", "corp", "guided_cma", "nevergrad", "random_baseline", "scale_baseline"]
 
 
 def build(cls, dim=6, population_size=8, sigma0=0.3, seed=0, **options):
@@ -68,6 +69,40 @@ def test_mezo_gv_steps_along_best_minus_worst():
     order = np.argsort(-fitness)
     expected = 0.5 * (genomes[order[:2]].mean(axis=0) - genomes[order[-2:]].mean(axis=0))
     assert np.allclose(s.mean, expected) and s.mean[0] > 0
+
+
+def test_corp_direction_drops_the_candidates_that_disagree():
+    """Compatibility weights: a perturbation whose signed direction points against the reward-weighted
+    direction gets weight 0; the rest are weighted by their centred rank."""
+    eps = np.array([[1.0, 0.0], [0.9, 0.1], [-1.0, 0.0], [0.5, 0.0], [-0.2, -1.0]])
+    fitness = np.array([5.0, 4.0, 1.0, 0.0, 3.0])  # eps_3 is the worst yet points along the others' direction
+    a = np.array([0.5, 0.25, -0.25, -0.5, 0.0])  # centred ranks
+    d0 = a @ eps
+    w = a * np.maximum(0, np.sign(a) * (eps @ d0) / (np.linalg.norm(eps, axis=1) * np.linalg.norm(d0)))
+    assert w[3] == 0 and w[4] == 0 and w[2] < 0 and w[0] > 0  # -eps_2 agrees with d0, -eps_3 does not
+    assert np.allclose(compatible_direction(eps, fitness), w @ eps / np.abs(w).sum())
+    assert not compatible_direction(eps, np.ones(5)).any()  # all tied: no direction
+
+
+def test_corp_gate_commits_only_a_proposal_that_beats_the_centre():
+    s = build(CoRP, population_size=8)
+    first = s.ask()
+    assert np.allclose(first[:4], -first[4:])  # no proposal yet: 4 mirrored pairs around x0 = 0
+    s.tell(first, first[:, 0])
+    proposal = s.state_dict()["strategy"]["proposal"]
+    assert proposal[0] > 0 and np.array_equal(s.mean, np.zeros(6))  # pending, not committed
+    second = s.ask()
+    assert np.array_equal(second[0], proposal) and np.array_equal(second[1], np.zeros(6))
+    assert np.allclose(second[2:5] - second[1], -(second[5:] - second[1]))  # 3 mirrored pairs
+    worse = second[:, 0].copy()
+    worse[0] = worse[1]  # a tie at the gate keeps the centre
+    s.tell(second, worse)
+    assert np.array_equal(s.mean, np.zeros(6)) and (s.commits, s.gates) == (0, 1)
+    third = s.ask()
+    better = third[:, 0].copy()
+    better[0] = better[1] + 1.0
+    s.tell(third, better)
+    assert np.array_equal(s.mean, third[0]) and (s.commits, s.gates) == (1, 2)
 
 
 def test_guided_cma_injects_the_ridge_direction():
@@ -171,6 +206,8 @@ def test_guided_cma_variants_conform(options):
         ("randopt", {"mirrored": "yes"}, "strategy.options.mirrored"),
         ("mezo_gv", {"group": 5}, "strategy.options.group"),              # more than P / 2
         ("mezo_gv", {"lr": -1}, "strategy.options.lr"),
+        ("corp", {"lr": 0}, "strategy.options.lr"),
+        ("corp", {"margin": -0.1}, "strategy.options.margin"),
         ("guided_cma", {"injections": 7}, "strategy.options.injections"),  # more than P - 2
         ("guided_cma", {"ridge": 0}, "strategy.options.ridge"),
         ("guided_cma", {"step_size": "fast"}, "strategy.options.step_size"),

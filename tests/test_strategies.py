@@ -12,17 +12,17 @@ from strategies.cma_es import CMAES, SepCMAES
 
 PLUGIN_DIR = Path(__file__).parent / "plugin_example"
 D, P = 10, 10
-BUILTINS = "cma_es, essa, guided_cma, lra_cma, mezo_gv, nevergrad, openai_es, random_baseline, randopt, scale_baseline, sep_cma"
+BUILTINS = "cma_es, corp, essa, guided_cma, lra_cma, mezo_gv, nevergrad, openai_es, random_baseline, randopt, scale_baseline, sep_cma"
 # openai_es keeps sigma = sigma0, so its asked population keeps D sigma0^2 = 2.5 of squared error and
 # cannot get 10x better: only its mean is judged. LRA-CMA-ES starts its signal-to-noise averages at
 # zero, so its learning rates fall from 1 to ~0.25 in the first generations and sigma is scaled up by
 # the same factor (arXiv 2304.03473, Algorithm 1's step-size correction; sigma 0.5 -> 1.05 at
 # generation 30): it meets the same bar in 100 generations (population -0.36 at seed 0; 30: -14.5).
-# randopt, mezo_gv and random_baseline sample at a fixed sigma too. random_baseline never re-centres (the
+# randopt, mezo_gv, corp and random_baseline sample at a fixed sigma too. random_baseline never re-centres (the
 # skeptic's baseline): its best of 300 random genomes only has to beat the start (squared error 10). mezo_gv
 # steps lr (mean(best 2) - mean(worst 2)) / 2 at a fixed sigma and lr: near the optimum that step is noise of
 # about sigma sqrt(D / 2) / 2 = 0.8 in norm, so its mean keeps a squared error near 1.
-SPREAD_KEPT = {"openai_es", "randopt", "mezo_gv", "random_baseline"}
+SPREAD_KEPT = {"openai_es", "randopt", "mezo_gv", "random_baseline", "corp"}
 MEAN_BAR = {"random_baseline": -8.0, "mezo_gv": -2.0}  # else -0.5
 NO_SET_MEAN = {"nevergrad"}  # a Nevergrad optimizer's centre is its own: strategy.mean_decay is refused
 SPHERE_GENERATIONS = {"lra_cma": 100}

@@ -13,11 +13,12 @@ ES leaves reachable gain on the table.
 
 What is kept exactly:
 
-* the genome: :class:`strategies.genomes.SVDLoRAGenome` built by ``make_genome`` from the cached
-  SFT adapter, as ``essa train`` builds it. Each factor A (r x in) and B (out x r) is SVD-decomposed
-  separately by the codec; U and V stay frozen and only the top k = floor(alpha r) singular values
-  move, s (1 + x) (``--mode relative``, the default run's) or s + x (``additive``). The torch path
-  below reuses the codec's own U, s and V^T and its float64-offsets / float32-products order, and is
+* the genome: the codec of ``strategy.genome`` built by ``make_genome`` from the cached SFT adapter, as
+  ``essa train`` builds it (any kind: ``strategy.genome.kind=tinylora`` among the overrides gives
+  TinyLoRA's). For the default :class:`strategies.genomes.SVDLoRAGenome` each factor A (r x in) and
+  B (out x r) is SVD-decomposed separately; U and V stay frozen and only the top k = floor(alpha r)
+  singular values move, s (1 + x) (``--mode relative``, the default run's) or s + x (``additive``).
+  The torch path is the codec's own ``decode_torch`` (its float64-offsets / float32-products order),
   checked against ``codec.decode`` at x0 (must give the adapter back) and at the final x.
 * the loss: the warm start's (engine/lora/sft.py ``_train``): the same rows (``sft_examples`` of the
   task's train split, the same system prompt and conversational prompt/completion format), prepared
@@ -45,6 +46,7 @@ warm start, e.g. ``sft.max_steps=30``)::
     .venv/bin/python tools/genome_capacity.py --out outputs/capacity/rel_a0.125
     .venv/bin/python tools/genome_capacity.py --out outputs/capacity/rel_a1 --alpha 1
     .venv/bin/python tools/genome_capacity.py --out outputs/capacity/add --mode additive --lr 0.01
+    .venv/bin/python tools/genome_capacity.py --out outputs/capacity/tiny16 strategy.genome.kind=tinylora
     .venv/bin/python tools/genome_capacity.py --steps 2 --batch-size 2 --eval-size 2 --out /tmp/cap  # smoke
 
 Without ``--sft-dir`` the warm start is the one ``essa train`` (with the same overrides) would
@@ -105,19 +107,36 @@ def resolve_sft_dir(cfg, model_path: str, train) -> Path:
     return warm_start(model_path, train, cfg.sft, cfg.lora, cfg.task.system_prompt, dtype=sft_dtype)
 
 
-# --- differentiable decode ---------------------------------------------------------------------
+# --- the genome ------------------------------------------------------------------------------
 
-class TorchSVDDecode:
-    """``SVDLoRAGenome.decode`` for one genome, in torch and differentiable in x: the codec's own
-    ``apply_offsets`` (float64) and ``compose`` (float32 products on the frozen bases)."""
+def build_codec(genome, lora: dict, alpha: float | None, mode: str | None):
+    """The codec ``essa train`` builds from the ``strategy.genome`` group ``genome`` over ``lora``, with
+    ``--alpha`` / ``--mode`` (svd_lora only) in place of the group's when given.
 
-    def __init__(self, codec, device: torch.device) -> None:
-        self.codec, self.device = codec, device
+    Raises:
+        SystemExit: ``--alpha`` or ``--mode`` with a genome kind that has neither.
+    """
+    from engine.search import genome_kwargs
+    from strategies.genomes import make_genome
 
-    def __call__(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Factors {PEFT key: (rows, cols) float32} of genome x (D,)."""
-        off = x.to(self.device, torch.float64).view(len(self.codec.keys), self.codec.k)
-        return self.codec.compose(self.codec.apply_offsets(off)[None])[0]
+    kwargs = genome_kwargs(genome)
+    if genome.kind != "svd_lora" and (alpha is not None or mode is not None):
+        raise SystemExit(f"--alpha / --mode: strategy.genome.kind={genome.kind} has no alpha or mode; drop them")
+    if alpha is not None:
+        kwargs["alpha"] = alpha
+    if mode is not None:
+        kwargs["mode"] = mode
+    return make_genome(genome.kind, lora, **kwargs)
+
+
+def default_lr(codec) -> float:
+    """Adam's lr in genome units: 0.05 for relative changes (svd_lora relative, tinylora); additive
+    svd_lora 0.05 x the median searched singular value; the lora genome 0.05 x the median |entry|."""
+    if getattr(codec, "mode", "relative") == "additive":
+        return 0.05 * float(np.median(codec.s[:, : codec.k]))
+    if hasattr(codec, "base"):
+        return 0.05 * float(np.median(np.abs(codec.base)))
+    return 0.05
 
 
 def lora_module_name(key: str, adapter: str = "default") -> str:
@@ -255,12 +274,10 @@ def main(argv: list[str] | None = None) -> dict:
     from engine.hardware import detect_device
     from engine.model import resolve_model_path
     from engine.tasks import load_task
-    from strategies.genomes import make_genome
+    from engine.search import genome_kwargs
 
     t_start = time.perf_counter()
     cfg = compose_train_config(args.overrides)
-    alpha = cfg.strategy.genome.alpha if args.alpha is None else args.alpha
-    mode = cfg.strategy.genome.mode if args.mode is None else args.mode
     out = Path(args.out)
     torch.manual_seed(args.seed)
 
@@ -272,13 +289,12 @@ def main(argv: list[str] | None = None) -> dict:
     if (acfg.get("r"), float(acfg.get("lora_alpha"))) != (cfg.lora.rank, float(cfg.lora.alpha)):
         log.warning("%s has r=%s lora_alpha=%s, the config lora.rank=%s lora.alpha=%s; using the adapter's",
                     sft_dir, acfg.get("r"), acfg.get("lora_alpha"), cfg.lora.rank, cfg.lora.alpha)
-    codec = make_genome("svd_lora", lora, alpha=alpha, mode=mode)
+    codec = build_codec(cfg.strategy.genome, lora, args.alpha, args.mode)
     D = codec.dim
-    lr = args.lr
-    if lr is None:
-        lr = 0.05 if mode == "relative" else 0.05 * float(np.median(codec.s[:, : codec.k]))
-    log.info("genome svd_lora alpha %g mode %s: k %d, D %d; Adam lr %g, %d steps x %d rows", alpha, mode, codec.k,
-             D, lr, args.steps, args.batch_size)
+    lr = default_lr(codec) if args.lr is None else args.lr
+    genome = {"kind": cfg.strategy.genome.kind, **genome_kwargs(cfg.strategy.genome), "D": D}
+    genome.update({k: getattr(codec, k) for k in ("alpha", "mode", "k", "u", "tied") if hasattr(codec, k)})
+    log.info("genome %s; Adam lr %g, %d steps x %d rows", genome, lr, args.steps, args.batch_size)
 
     # the rows: the warm start's, and (for a generalisation check) train rows it never saw
     examples = sft_examples(task.train, cfg.sft)
@@ -306,7 +322,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     # differentiable decode; checks: x0 gives the adapter back, and the loss with injected factors
     # equals the loss of the PEFT model as loaded
-    decode = TorchSVDDecode(codec, device)
+    decode = codec.decode_torch
     injector = FactorInjector(model, codec.keys)
     loaded = injector.original()
     diff, scale = max_abs_diff(lora, loaded)
@@ -331,7 +347,7 @@ def main(argv: list[str] | None = None) -> dict:
         "sft_dir": str(sft_dir), "model": model_path, "task": cfg.task.name,
         "sft_meta": _read_json(Path(sft_dir) / "sft_meta.json"),
         "overrides": list(args.overrides),
-        "settings": {"alpha": alpha, "mode": mode, "k": codec.k, "rank": codec.rank, "D": D, "steps": args.steps,
+        "settings": {**genome, "rank": codec.rank, "steps": args.steps,
                      "batch_size": args.batch_size, "lr": lr, "optimizer": "Adam", "seed": args.seed,
                      "dtype": args.dtype, "device": str(device), "n_sft_rows": len(train_rows),
                      "eval_size": args.eval_size},
@@ -385,12 +401,13 @@ def main(argv: list[str] | None = None) -> dict:
                  record["loss_final"]["sft_rows"], record["loss_x0"]["sft_rows"],
                  _fmt(record["loss_final"]["unseen_rows"]), _fmt(record["loss_x0"]["unseen_rows"]))
     record["eval_seconds_final"] = time.perf_counter() - t0
-    s_new = codec.singular_values(x_final.astype(np.float64)[None])[0][:, : codec.k]
     record["genome"] = {"x_min": float(x_final.min()), "x_max": float(x_final.max()),
                         "x_mean": float(x_final.mean()), "x_std": float(x_final.std()),
-                        "x_norm": float(np.linalg.norm(x_final)),
-                        "s_ratio_A_median": _median_ratio(codec, s_new, "A"),
-                        "s_ratio_B_median": _median_ratio(codec, s_new, "B")}
+                        "x_norm": float(np.linalg.norm(x_final))}
+    if hasattr(codec, "singular_values"):
+        s_new = codec.singular_values(x_final.astype(np.float64)[None])[0][:, : codec.k]
+        record["genome"].update(s_ratio_A_median=_median_ratio(codec, s_new, "A"),
+                                s_ratio_B_median=_median_ratio(codec, s_new, "B"))
     n_steps = len(record["steps"])
     record["seconds_per_step"] = record.get("train_seconds", 0.0) / n_steps if n_steps else None
 

@@ -8,8 +8,9 @@ the model's shapes (:func:`engine.search.genome_dim`):
   ``landscape.options.block`` (240 = 30 layers x 4 modules x 2 factors) coordinates per searched
   singular value: alpha 0.125 is D 240, alpha 0.5 D 960, alpha 1 D 1920. It models the relative genome
   (strategy=essa's, which it was calibrated on): ``mode: additive`` is searched at the run's D with one
-  warning line. It does not simulate ``kind: lora`` (every LoRA entry, D 921600): refused, unless
-  ``landscape.dim`` is set.
+  warning line. It does not simulate ``kind: lora`` (every LoRA entry, D 921600) nor ``kind: tinylora``
+  (r x r projections in each update's SVD frame, not singular values): refused, unless ``landscape.dim``
+  is set.
 * ``sphere``, ``ellipsoid``, ``rastrigin``: any D; the run's svd_lora D on the same model (a lora genome
   needs ``landscape.dim``).
 * ``likelihood``: the real model and codec of ``landscape.options.train`` (engine/lab/likelihood.py): D is
@@ -94,6 +95,10 @@ def lab_genome(landscape, genome, options: dict) -> LabGenome:
         note = (f"landscape.dim={landscape.dim}: the lab searches D {landscape.dim}, while {text}; drop landscape.dim "
                 "to lab the run's genome")
         return LabGenome(kind, alpha, mode, run_dim, int(landscape.dim), model, note)
+    if kind == "tinylora" and landscape.dim is None and landscape.name == "minibatch":
+        raise ConfigError(f"{text}; the minibatch landscape simulates singular values, not TinyLoRA's r x r "
+                          f"projections: use landscape.name=likelihood (the real model and codec), or set "
+                          f"landscape.dim={run_dim} to lab the strategy on the simulator at that D")
     if kind != "svd_lora" and landscape.dim is None:
         raise ConfigError(f"{text}; the {landscape.name} landscape simulates the svd_lora genome (D {block} per "
                           f"searched singular value, at most {8 * block}): set landscape.dim (e.g. landscape.dim="

@@ -131,7 +131,11 @@ def build_error(strategy_cls, s, seed: int, options: dict) -> tuple[str, bool] |
 
 def genome_kwargs(genome) -> dict:
     """Keyword arguments of ``strategies.genomes.make_genome`` from the ``strategy.genome`` group."""
-    return {"alpha": genome.alpha, "mode": genome.mode} if genome.kind == "svd_lora" else {}
+    if genome.kind == "svd_lora":
+        return {"alpha": genome.alpha, "mode": genome.mode}
+    if genome.kind == "tinylora":
+        return {"u": int(genome.u), "tied": bool(genome.tied)}
+    return {}
 
 
 def genome_dim(genome, rank: int, shapes: list[tuple[int, int]]) -> int:
@@ -144,10 +148,13 @@ def genome_dim(genome, rank: int, shapes: list[tuple[int, int]]) -> int:
 
     Returns:
         svd_lora: modules x 2 factors x floor(alpha r) (strategies.genomes.SVDLoRAGenome);
+        tinylora: u, or u x modules untied (strategies.genomes.TinyLoRAGenome);
         lora: sum of r (in + out) (strategies.genomes.LoRAGenome).
     """
     if genome.kind == "lora":
         return sum(rank * (i + o) for i, o in shapes)
+    if genome.kind == "tinylora":
+        return int(genome.u) * (1 if genome.tied else len(shapes))
     return len(shapes) * 2 * math.floor(genome.alpha * rank + 1e-9)  # strategies.genomes.searched_singular_values
 
 
@@ -156,8 +163,9 @@ def genome_text(genome, dim: int | None = None, rank: int | None = None, layers:
     """The resolved ``strategy.genome`` in words and, where known, its D and how it is made up, e.g.
     ``genome svd_lora (alpha 0.5, mode relative): D 960 = 30 layers x 4 modules x 2 factors x 4 singular
     values (lora.rank 8)``."""
-    what = (f"genome svd_lora (alpha {genome.alpha:g}, mode {genome.mode})" if genome.kind == "svd_lora"
-            else f"genome {genome.kind} (every LoRA entry)")
+    what = {"svd_lora": f"genome svd_lora (alpha {genome.alpha:g}, mode {genome.mode})",
+            "tinylora": f"genome tinylora (u {genome.u}, {'tied' if genome.tied else 'one vector per module'})"
+            }.get(genome.kind, f"genome {genome.kind} (every LoRA entry)")
     if dim is None:
         return what
     if genome.kind == "svd_lora" and rank and layers and modules:
