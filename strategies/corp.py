@@ -55,6 +55,7 @@ class CoRP(FixedSigmaCentre, Strategy):
             P >= 4 and even (the two gate candidates plus mirrored pairs).
         lr: the proposal's step, in units of sigma0 times the weighted mean perturbation (> 0).
         margin: the gate commits when f(proposal) > f(centre) + margin (fitness units, >= 0).
+        gate: false commits every proposal at once (no gate candidates; the ablation that isolates the gate).
 
     ``state_dict()["strategy"]`` holds ``mean`` (the centre), ``proposal`` ((D,) or None, pending),
     ``commits`` and ``gates`` (gates held so far and commits among them).
@@ -64,7 +65,7 @@ class CoRP(FixedSigmaCentre, Strategy):
     """
 
     def __init__(self, dim: int, x0: np.ndarray | None, seed: int, population_size: int, sigma0: float, *,
-                 lr: float = 1.0, margin: float = 0.0, **options: Any) -> None:
+                 lr: float = 1.0, margin: float = 0.0, gate: bool = True, **options: Any) -> None:
         super().__init__(dim, x0, seed, population_size, sigma0, **options)
         if self.population_size < 4 or self.population_size % 2:
             raise ValueError(f"strategy.population_size must be even and >= 4 for strategy=corp (got "
@@ -73,7 +74,9 @@ class CoRP(FixedSigmaCentre, Strategy):
         if not (isinstance(margin, (int, float)) and not isinstance(margin, bool) and 0 <= margin < float("inf")):
             raise ValueError(f"strategy.options.margin must be a finite number >= 0 (got {margin!r}), "
                              "e.g. strategy.options.margin=0")
-        self.margin = float(margin)
+        if not isinstance(gate, (bool, np.bool_)):
+            raise ValueError(f"strategy.options.gate must be true or false (got {gate!r})")
+        self.margin, self.gate = float(margin), bool(gate)
         self._mean = self.x0.copy()
         self._proposal: np.ndarray | None = None
         self.commits = self.gates = 0
@@ -96,6 +99,8 @@ class CoRP(FixedSigmaCentre, Strategy):
         eps = (genomes[~gate] - centre) / self.sigma0  # (n, D), perturbations of the centre they were asked around
         step = compatible_direction(eps, fitness[~gate])
         self._proposal = self._mean + self.lr * self.sigma0 * step if step.any() else None
+        if not self.gate and self._proposal is not None:
+            self._mean, self._proposal = self._proposal, None
 
     def _state_dict(self) -> dict[str, Any]:
         proposal = None if self._proposal is None else self._proposal.copy()

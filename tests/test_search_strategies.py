@@ -103,6 +103,11 @@ def test_corp_gate_commits_only_a_proposal_that_beats_the_centre():
     better[0] = better[1] + 1.0
     s.tell(third, better)
     assert np.array_equal(s.mean, third[0]) and (s.commits, s.gates) == (1, 2)
+    ungated = build(CoRP, population_size=8, gate=False)
+    genomes = ungated.ask()
+    ungated.tell(genomes, genomes[:, 0])
+    assert ungated.mean[0] > 0 and ungated.state_dict()["strategy"]["proposal"] is None
+    assert ungated.ask().shape == (8, 6)  # no gate candidates: 4 mirrored pairs again
 
 
 def test_guided_cma_injects_the_ridge_direction():
@@ -192,6 +197,11 @@ def test_nevergrad_optimizers_conform(options):
     check_strategy(NevergradStrategy, options=options, verbose=False, memory_dim=512)
 
 
+@pytest.mark.parametrize("options", [{"gate": False}, {"lr": 2.0, "margin": 0.05}])
+def test_corp_variants_conform(options):
+    check_strategy(CoRP, options=options, verbose=False, memory_dim=512)
+
+
 @pytest.mark.parametrize("options", [{"step_size": "tpa", "injections": 3}, {"injections": 0}])
 def test_guided_cma_variants_conform(options):
     check_strategy(GuidedCMAES, options=options, verbose=False, memory_dim=512)
@@ -208,6 +218,7 @@ def test_guided_cma_variants_conform(options):
         ("mezo_gv", {"lr": -1}, "strategy.options.lr"),
         ("corp", {"lr": 0}, "strategy.options.lr"),
         ("corp", {"margin": -0.1}, "strategy.options.margin"),
+        ("corp", {"gate": "no"}, "strategy.options.gate"),
         ("guided_cma", {"injections": 7}, "strategy.options.injections"),  # more than P - 2
         ("guided_cma", {"ridge": 0}, "strategy.options.ridge"),
         ("guided_cma", {"step_size": "fast"}, "strategy.options.step_size"),
