@@ -163,6 +163,24 @@ def test_max_model_len_names_eval_max_tokens():
     validate(train_cfg("strategy.genome.alpha=0.1", "strategy.genome.kind=lora"))  # alpha unused by the lora codec
 
 
+def test_tinylora_genome_is_checked_and_described():
+    """strategy.genome.kind=tinylora: u >= 1 (one line naming the field), D = u tied or u x modules, and the
+    start line's words; alpha is not read (floor(0.1 r) = 0 would refuse an svd_lora genome)."""
+    from engine.search import genome_dim, genome_kwargs, genome_text
+
+    cfg = train_cfg("strategy.genome.kind=tinylora", "strategy.genome.u=13", "strategy.genome.alpha=0.1")
+    validate(cfg)
+    g = cfg.strategy.genome
+    shapes = [(576, 576)] * 120
+    assert genome_kwargs(g) == {"u": 13, "tied": True} and genome_dim(g, 8, shapes) == 13
+    assert genome_text(g, 13) == "genome tinylora (u 13, tied): D 13"
+    untied = train_cfg("strategy.genome.kind=tinylora", "strategy.genome.tied=false").strategy.genome
+    assert genome_dim(untied, 8, shapes) == 16 * 120 and "one vector per module" in genome_text(untied)
+    with pytest.raises(ConfigError, match=r"^strategy\.genome\.u=0: must be >= 1") as e:
+        validate(train_cfg("strategy.genome.kind=tinylora", "strategy.genome.u=0"))
+    assert "\n" not in str(e.value)
+
+
 def test_resume_key_ignores_generations_but_not_strategy():
     a, b, c = train_cfg(), train_cfg("generations=50"), train_cfg("strategy.sigma0=0.2")
     assert config_key(a) == config_key(b)
