@@ -367,7 +367,7 @@ def check_strategy(s, lora) -> None:
     if not (math.isfinite(s.sigma0) and s.sigma0 > 0):
         raise ConfigError(f"strategy.sigma0={s.sigma0}: must be > 0 (and finite), e.g. strategy.sigma0=0.1")
     g = s.genome
-    if not 0 < g.alpha <= 1:
+    if g.kind == "svd_lora" and not 0 < g.alpha <= 1:
         raise ConfigError(f"strategy.genome.alpha={g.alpha}: must be in (0, 1]")
     if g.kind not in ("svd_lora", "tinylora", "lora"):
         raise ConfigError(f"strategy.genome.kind={g.kind!r}: use svd_lora (ESSA), tinylora (TinyLoRA) or lora "

@@ -13,9 +13,11 @@ fresh minibatch as the gate's held-out set (the gate costs two candidates, not a
     p   = c + lr sigma0 sum_i w_i eps_i / sum_i |w_i|          # the proposal (pending)
     next generation: candidates [p, c, perturbations of c]; c <- p only if f(p) > f(c) + margin
 
-Both gate candidates are scored on the same fresh problems as each other (a paired comparison), which
-the direction never saw. A tie keeps the centre. The first generation has no proposal yet and asks P
-perturbations.
+Both gate candidates are scored on the same problems (a paired comparison), drawn independently of the
+minibatch the direction was built on (consecutive minibatches may share a few problems). A tie, or a failed
+(NaN) gate candidate, keeps the centre; a fully tied generation leaves the proposal pending, to be gated
+again. The first generation has no proposal yet and asks P perturbations. The engine's own centre candidate
+(``rollout.center``) scores the centre a second time: its row stays a control and is not told to the strategy.
 """
 from __future__ import annotations
 
@@ -61,22 +63,26 @@ class CoRP(FixedSigmaCentre, Strategy):
     ``commits`` and ``gates`` (gates held so far and commits among them).
 
     Raises:
-        ValueError: an odd or too small P, a bad ``lr`` or ``margin`` (one line naming the field).
+        ValueError: an odd P, P < 4 with the gate (P < 2 without), a bad ``lr``, ``margin`` or ``gate`` (one line
+            naming the field); at :meth:`tell`, told genomes that lack the pending proposal or the centre.
     """
 
     def __init__(self, dim: int, x0: np.ndarray | None, seed: int, population_size: int, sigma0: float, *,
                  lr: float = 1.0, margin: float = 0.0, gate: bool = True, **options: Any) -> None:
         super().__init__(dim, x0, seed, population_size, sigma0, **options)
-        if self.population_size < 4 or self.population_size % 2:
-            raise ValueError(f"strategy.population_size must be even and >= 4 for strategy=corp (got "
-                             f"{self.population_size}): a proposal, the centre and mirrored pairs")
+        if not isinstance(gate, (bool, np.bool_)):
+            raise ValueError(f"strategy.options.gate must be true or false (got {gate!r}), e.g. strategy.options.gate=true")
+        least = 4 if gate else 2
+        if self.population_size < least or self.population_size % 2:
+            raise ValueError(f"strategy.population_size must be even and >= {least} for strategy=corp (got "
+                             f"{self.population_size}): {'a proposal, the centre and ' if gate else ''}mirrored pairs")
         self.lr = check_positive(lr, "lr", "1.0")
-        if not (isinstance(margin, (int, float)) and not isinstance(margin, bool) and 0 <= margin < float("inf")):
+        number = isinstance(margin, (int, float, np.integer, np.floating)) and not isinstance(margin, bool)
+        if not (number and 0 <= margin < float("inf")):
             raise ValueError(f"strategy.options.margin must be a finite number >= 0 (got {margin!r}), "
                              "e.g. strategy.options.margin=0")
-        if not isinstance(gate, (bool, np.bool_)):
-            raise ValueError(f"strategy.options.gate must be true or false (got {gate!r})")
         self.margin, self.gate = float(margin), bool(gate)
+        self._failed = np.zeros(self.population_size, dtype=bool)
         self._mean = self.x0.copy()
         self._proposal: np.ndarray | None = None
         self.commits = self.gates = 0
@@ -87,14 +93,37 @@ class CoRP(FixedSigmaCentre, Strategy):
         perturbations = self._mean + self.sigma0 * np.concatenate([half, -half])
         return np.concatenate([np.array(gate).reshape(-1, self.dim), perturbations])
 
+    def tell(self, genomes: np.ndarray, fitness: np.ndarray) -> None:
+        """:meth:`strategies.base.Strategy.tell`, remembering which candidates failed (NaN), so that a failed
+        gate candidate gives no verdict instead of a lowest rank."""
+        f = np.asarray(fitness, dtype=np.float64)
+        self._failed = ~np.isfinite(f) if f.shape == (self.population_size,) else self._failed
+        super().tell(genomes, fitness)
+
+    def shrink_mean(self, factor: float) -> None:
+        """:meth:`strategies.base.Strategy.shrink_mean` for the centre and the pending proposal alike, so that a
+        commit does not undo the decay."""
+        super().shrink_mean(factor)
+        if self._proposal is not None:
+            self._proposal = self.x0 + factor * (self._proposal - self.x0)
+
+    def _rows(self, genomes: np.ndarray, x: np.ndarray, what: str) -> np.ndarray:
+        """(P,) bool: the told rows equal to ``x`` to 1e-6 relative (a float32 round trip keeps them)."""
+        rows = np.all(np.abs(genomes - x) <= 1e-6 * (1.0 + np.abs(x)), axis=1)
+        if not rows.any():
+            raise ValueError(f"tell: the {what} that ask() put first is not among the told genomes; pass ask()'s "
+                             "genomes back (any order, float32 is fine)")
+        return rows
+
     def _tell(self, genomes: np.ndarray, fitness: np.ndarray) -> None:
         centre = self._mean
         gate = np.zeros(len(genomes), dtype=bool)
         if self._proposal is not None:
-            is_prop, is_centre = (np.all(genomes == x, axis=1) for x in (self._proposal, centre))
+            is_prop, is_centre = self._rows(genomes, self._proposal, "proposal"), self._rows(genomes, centre, "centre")
             gate = is_prop | is_centre
             self.gates += 1
-            if is_prop.any() and is_centre.any() and fitness[is_prop].max() > fitness[is_centre].max() + self.margin:
+            verdict = not self._failed[gate].any()
+            if verdict and fitness[is_prop].max() > fitness[is_centre].max() + self.margin:
                 self._mean, self.commits = self._proposal.copy(), self.commits + 1
         eps = (genomes[~gate] - centre) / self.sigma0  # (n, D), perturbations of the centre they were asked around
         step = compatible_direction(eps, fitness[~gate])

@@ -153,9 +153,14 @@ class GenomeCodec(abc.ABC):
         tools/genome_capacity.py backpropagates through it): float32 factors on the genome's device.
 
         Raises:
-            NotImplementedError: a codec without a differentiable decode.
+            ValueError: a genome that is not (D,). NotImplementedError: a codec without a differentiable decode.
         """
         raise NotImplementedError(f"{type(self).__name__} has no differentiable decode_torch")
+
+    def _check_torch(self, genome: torch.Tensor) -> torch.Tensor:
+        if tuple(genome.shape) != (self.dim,):
+            raise ValueError(f"genome has shape {tuple(genome.shape)}, expected ({self.dim},) for {type(self).__name__}")
+        return genome
 
     def x0(self) -> np.ndarray:
         """The genome of the reference adapter: zeros, (D,) float64."""
@@ -370,7 +375,7 @@ class SVDLoRAGenome(GenomeCodec):
     def decode_torch(self, genome: torch.Tensor) -> LoRAState:
         """Differentiable decode of one genome (D,): the offsets in float64, the products in float32
         (:meth:`apply_offsets`, :meth:`compose`), as :meth:`decode_batch` does them."""
-        offsets = genome.to(torch.float64).view(len(self.keys), self.k)
+        offsets = self._check_torch(genome).to(torch.float64).view(len(self.keys), self.k)
         return self.compose(self.apply_offsets(offsets)[None])[0]
 
     def decode_batch(self, genomes: np.ndarray) -> list[LoRAState]:
@@ -458,7 +463,7 @@ class LoRAGenome(GenomeCodec):
 
     def decode_torch(self, genome: torch.Tensor) -> LoRAState:
         """Differentiable decode of one genome (D,): the reference entries plus the offsets, float32."""
-        w = torch.from_numpy(self.base).to(genome.device, torch.float32) + genome.to(torch.float32)
+        w = (torch.from_numpy(self.base).to(genome.device) + self._check_torch(genome).to(torch.float64)).to(torch.float32)
         return {k: w[a:b].view(self.shapes[k]) for k, a, b in self.slices()}
 
     def encode(self, lora: LoRAState) -> np.ndarray:
@@ -509,6 +514,8 @@ class TinyLoRAGenome(GenomeCodec):
             raise ValueError(f"strategy.genome.u must be an integer >= 1 (got {u!r}), e.g. strategy.genome.u=16")
         if not isinstance(tied, (bool, np.bool_)):
             raise ValueError(f"strategy.genome.tied must be true or false (got {tied!r})")
+        if isinstance(projection_seed, bool) or not isinstance(projection_seed, (int, np.integer)) or projection_seed < 0:
+            raise ValueError(f"TinyLoRAGenome: projection_seed must be an integer >= 0 (got {projection_seed!r})")
         self.u, self.tied, self.projection_seed = int(u), bool(tied), int(projection_seed)
         self.a_keys, self.b_keys = self.keys[0::2], self.keys[1::2]  # canonical order: A before B per module
         self._a = [lora[k].detach().to("cpu", torch.float32).clone() for k in self.a_keys]
@@ -519,6 +526,20 @@ class TinyLoRAGenome(GenomeCodec):
         for idx in by_shape.values():
             parts = [self._frame(lora, m) for m in idx]
             self._groups.append((np.array(idx), *(torch.stack(t) for t in zip(*parts))))
+        self._warn_dead_directions()
+
+    def _warn_dead_directions(self) -> None:
+        """Warn where genome entries cannot all move the adapter: every update zero (no warm start), or u
+        above the r^2 entries of R that one vector feeds (per module untied, all modules' tied)."""
+        if not any(bool(left.any()) for _, _, left, _, _ in self._groups):
+            warnings.warn("TinyLoRAGenome: every module's warm-start update B A is zero (no SFT), so no genome moves "
+                          "the adapter; run the warm start first or use SVDLoRAGenome(mode='additive')", stacklevel=3)
+        reach = self.rank ** 2 * (len(self.b_keys) if self.tied else 1)
+        if self.u > reach:
+            warnings.warn(f"TinyLoRAGenome: u={self.u} exceeds the {reach} entries of R it feeds "
+                          f"({'all modules' if self.tied else 'per module'}, r={self.rank}); {self.u - reach} genome "
+                          "directions per vector do not move the adapter, so encode(decode(x)) need not return x",
+                          stacklevel=3)
 
     def _frame(self, lora: LoRAState, m: int) -> tuple[torch.Tensor, ...]:
         """Module m's B (out, r), L = U sqrt(S) (out, r), Q = sqrt(S) V^T A^+ (r, r) and P (u, r, r), float32."""
@@ -566,7 +587,7 @@ class TinyLoRAGenome(GenomeCodec):
 
     def decode_torch(self, genome: torch.Tensor) -> LoRAState:
         """Differentiable decode of one genome (D,) (:meth:`compose`)."""
-        return self.compose(genome[None])[0]
+        return self.compose(self._check_torch(genome)[None])[0]
 
     def decode_batch(self, genomes: np.ndarray) -> list[LoRAState]:
         """Decode (P, D) genomes into P LoRA states (float32 CPU, canonical order, own storage).
@@ -581,7 +602,8 @@ class TinyLoRAGenome(GenomeCodec):
     def encode(self, lora: LoRAState) -> np.ndarray:
         """Least-squares v whose decoded B factors are nearest ``lora``'s (A is the warm start's).
 
-        Exact for adapters in the codec's image (the outputs of :meth:`decode`); any other adapter is
+        Exact for adapters in the codec's image (the outputs of :meth:`decode`) while u <= r^2 per vector
+        (beyond that several genomes decode alike and the minimum-norm one is returned); any other adapter is
         projected. Returns (D,) float64.
 
         Raises:
@@ -592,7 +614,7 @@ class TinyLoRAGenome(GenomeCodec):
         rhs = np.zeros((len(self.b_keys), self.u))
         for idx, b, left, right, p in self._groups:
             basis = left.double()[:, None] @ p.double() @ right.double()[:, None]  # (G, u, out, r)
-            target = torch.stack([lora[self.b_keys[m]].detach().double() for m in idx]) - b.double()  # (G, out, r)
+            target = torch.stack([lora[self.b_keys[m]].detach().to("cpu", torch.float64) for m in idx]) - b.double()
             gram[idx] = torch.einsum("guxy,gvxy->guv", basis, basis).numpy()
             rhs[idx] = torch.einsum("guxy,gxy->gu", basis, target).numpy()
         if self.tied:

@@ -176,6 +176,8 @@ def test_tinylora_genome_is_checked_and_described():
     assert genome_text(g, 13) == "genome tinylora (u 13, tied): D 13"
     untied = train_cfg("strategy.genome.kind=tinylora", "strategy.genome.tied=false").strategy.genome
     assert genome_dim(untied, 8, shapes) == 16 * 120 and "one vector per module" in genome_text(untied)
+    with pytest.raises(ConfigError, match=r"zero without SFT \(sft\.enabled=false\)"):
+        validate(train_cfg("strategy.genome.kind=tinylora", "sft=off"))
     with pytest.raises(ConfigError, match=r"^strategy\.genome\.u=0: must be >= 1") as e:
         validate(train_cfg("strategy.genome.kind=tinylora", "strategy.genome.u=0"))
     assert "\n" not in str(e.value)

@@ -275,6 +275,24 @@ def test_tinylora_sigma_means_the_same_change_at_every_u(lora):
     assert 0.5 < small / large < 2.0, (small, large)
 
 
-def test_tinylora_zero_update_does_not_move(lora_b0):
-    codec = TinyLoRAGenome(lora_b0, u=3)
+def test_tinylora_zero_update_does_not_move_and_says_so(lora_b0):
+    with pytest.warns(UserWarning, match="warm-start update B A is zero"):
+        codec = TinyLoRAGenome(lora_b0, u=3)
     assert_lora_close(codec.decode(np.ones(codec.dim)), lora_b0)
+
+
+def test_tinylora_warns_where_u_exceeds_what_r_can_hold():
+    """Untied, one vector feeds one module's r x r R: u > r^2 leaves genome directions that move nothing."""
+    small = random_lora(num_layers=1, rank=2, hidden=8, kv_dim=4)
+    with pytest.warns(UserWarning, match="u=5 exceeds the 4 entries of R"):
+        TinyLoRAGenome(small, u=5, tied=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        TinyLoRAGenome(small, u=5, tied=True)  # tied: 4 modules x 4 entries
+
+
+def test_decode_torch_checks_the_genome_shape(lora):
+    for kind, kwargs in CODECS:
+        codec = make_genome(kind, lora, **kwargs)
+        with pytest.raises(ValueError, match=rf"expected \({codec.dim},\)"):
+            codec.decode_torch(torch.zeros(1, codec.dim))

@@ -110,6 +110,33 @@ def test_corp_gate_commits_only_a_proposal_that_beats_the_centre():
     assert ungated.ask().shape == (8, 6)  # no gate candidates: 4 mirrored pairs again
 
 
+def test_corp_gate_survives_float32_nan_and_the_mean_decay():
+    """The gate finds its rows after a float32 round trip and refuses genomes that lack them; a failed (NaN)
+    gate candidate keeps the centre; strategy.mean_decay shrinks the pending proposal with the centre, so a
+    commit does not undo the decay (the mean stays bounded on a linear fitness)."""
+    s = build(CoRP, population_size=8)
+    first = s.ask()
+    s.tell(first, first[:, 0])
+    second = s.ask().astype(np.float32).astype(np.float64)
+    better = second[:, 0].copy()
+    better[0] = better[1] + 1.0
+    failed = better.copy()
+    failed[1] = np.nan  # the centre failed: no verdict, even though NaN ranks last
+    s.tell(second, failed)
+    assert np.array_equal(s.mean, np.zeros(6)) and s.commits == 0
+    with pytest.raises(ValueError, match="the proposal that ask\\(\\) put first is not among the told genomes"):
+        s.tell(s.ask()[::-1] + 1.0, better)
+    decayed = build(CoRP, population_size=8)
+    for _ in range(40):
+        genomes = decayed.ask()
+        fitness = genomes[:, 0].copy()
+        if decayed.state_dict()["strategy"]["proposal"] is not None:
+            fitness[0] = fitness[1] + 1.0  # every gate passes
+        decayed.tell(genomes, fitness)
+        decayed.shrink_mean(0.5)
+    assert decayed.commits > 10 and abs(decayed.mean[0]) < 2.0
+
+
 def test_guided_cma_injects_the_ridge_direction():
     """After a tell on a linear fitness, the next population holds a candidate along the fitted direction."""
     D, P = 20, 10

@@ -186,6 +186,10 @@ def validate(cfg) -> None:
     per_batch = cfg.strategy.population_size + int(cfg.rollout.center)  # the centre is one more adapter
     check_engine(cfg.engine, per_batch)
     check_numerics(cfg.engine.numerics)  # before the warm start, not when the engine starts
+    if cfg.strategy.genome.kind == "tinylora" and not cfg.sft.enabled:
+        raise ConfigError("strategy.genome.kind=tinylora moves the warm start's update B A, which is zero without SFT "
+                          "(sft.enabled=false): enable the warm start, or use strategy.genome.kind=svd_lora "
+                          "strategy.genome.mode=additive")
     if cfg.rollout.fitness == "likelihood" and cfg.engine.backend == "ray":
         raise ConfigError("rollout.fitness=likelihood runs on the local engine only (the Ray actors score rollouts); "
                           "set engine=local or rollout.fitness=reward")

@@ -95,8 +95,8 @@ def lab_genome(landscape, genome, options: dict) -> LabGenome:
         note = (f"landscape.dim={landscape.dim}: the lab searches D {landscape.dim}, while {text}; drop landscape.dim "
                 "to lab the run's genome")
         return LabGenome(kind, alpha, mode, run_dim, int(landscape.dim), model, note)
-    if kind == "tinylora" and landscape.dim is None and landscape.name == "minibatch":
-        raise ConfigError(f"{text}; the minibatch landscape simulates singular values, not TinyLoRA's r x r "
+    if kind == "tinylora" and landscape.dim is None:
+        raise ConfigError(f"{text}; the {landscape.name} landscape does not model TinyLoRA's r x r "
                           f"projections: use landscape.name=likelihood (the real model and codec), or set "
                           f"landscape.dim={run_dim} to lab the strategy on the simulator at that D")
     if kind != "svd_lora" and landscape.dim is None:
