@@ -505,7 +505,12 @@ class TinyLoRAGenome(GenomeCodec):
 
     Raises:
         ValueError: ``u`` not a positive integer (naming ``strategy.genome.u``), ``tied`` not a bool
-            (naming ``strategy.genome.tied``); see also :func:`canonical_keys`.
+            (naming ``strategy.genome.tied``), ``projection_seed`` not an integer >= 0; see also
+            :func:`canonical_keys`.
+
+    Warns:
+        UserWarning: every module's update is zero (no warm start: nothing moves), or u exceeds the r^2
+            entries of R one vector feeds (untied; tied: r^2 x modules), so some genome directions move nothing.
     """
 
     def __init__(self, lora: LoRAState, u: int = 16, tied: bool = True, projection_seed: int = 0) -> None:
