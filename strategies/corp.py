@@ -54,7 +54,7 @@ class CoRP(FixedSigmaCentre, Strategy):
 
     Args:
         dim, x0, seed, population_size, sigma0: see :class:`strategies.base.Strategy`; sigma stays sigma0;
-            P >= 4 and even (the two gate candidates plus mirrored pairs).
+            P even, >= 4 with the gate (its two candidates plus mirrored pairs), >= 2 without.
         lr: the proposal's step, in units of sigma0 times the weighted mean perturbation (> 0).
         margin: the gate commits when f(proposal) > f(centre) + margin (fitness units, >= 0).
         gate: false commits every proposal at once (no gate candidates; the ablation that isolates the gate).
