@@ -395,7 +395,7 @@ def test_unknown_strategy_names_the_field_and_the_choices(override, start, tmp_p
             check()
         msg = str(e.value)
         assert msg.startswith(start) and "\n" not in msg, msg
-        assert "built-in cma_es, essa, " in msg and "sep_cma; installed plugins" in msg and "dotted path" in msg
+        assert "built-in cma_es, corp, essa, " in msg and "sep_cma; installed plugins" in msg and "dotted path" in msg
 
 
 def test_resuming_a_finished_run_stops_unless_generations_was_raised(tmp_path, monkeypatch):

@@ -230,7 +230,7 @@ def test_job_and_help_are_named_after_the_command_and_list_its_groups(userconf, 
     code, out, _ = run_essa(["train", "-cd", str(userconf), "--help"], capsys)
     assert code == 0 and out.startswith("essa train: ") and "Hydra (https://hydra.cc)" in out
     strategy = next(ln for ln in out.splitlines() if ln.startswith("strategy: "))
-    assert "cma_es, essa, " in strategy and ", mine, " in strategy and strategy.endswith(" (now essa)"), strategy
+    assert "cma_es, corp, essa, " in strategy and ", mine, " in strategy and strategy.endswith(" (now essa)"), strategy
     assert "experiment (add with +experiment=option): mine, tiny" in out
 
 

@@ -67,7 +67,7 @@ def test_cfg_job_previews_its_own_config(plugin_env, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     s = yaml.safe_load(proc.stdout)["strategy"]
     assert (s["name"], s["population_size"], s["sigma0"], s["options"]) == ("random_search", 8, 0.05, {})
-    assert s["genome"] == {"kind": "svd_lora", "alpha": 0.5, "mode": "relative"}  # mode: strategy=essa's
+    assert s["genome"] == {"kind": "svd_lora", "alpha": 0.5, "mode": "relative", "u": 16, "tied": True}  # mode: essa's
     assert ("strategy random_search (essa_plugin_example.RandomSearch): P 8, sigma0 0.05, options {}; genome svd_lora "
             "(alpha 0.5, mode relative): D 960 = 30 layers x 4 modules x 2 factors x 4 singular values") in proc.stderr
 
@@ -112,7 +112,7 @@ def test_tiny_real_run_as_a_group_option(plugin_env, tmp_path):
     cfg = meta["config"]["strategy"]
     assert meta["strategy"] == "random_search"
     assert cfg["sigma0"] == 0.05 and cfg["options"] == {}  # the plugin's config
-    assert cfg["genome"] == {"kind": "svd_lora", "alpha": 0.5, "mode": "relative"}  # mode: strategy=essa's
+    assert cfg["genome"] == {"kind": "svd_lora", "alpha": 0.5, "mode": "relative", "u": 16, "tied": True}  # essa's mode
     model_cfg = json.loads((Path(meta["model_path"]) / "config.json").read_text())
     k = math.floor(cfg["genome"]["alpha"] * meta["config"]["lora"]["rank"])
     assert meta["genome_dim"] == model_cfg["num_hidden_layers"] * 4 * 2 * k == 960  # layers x {q,k,v,o} x {A,B} x k
