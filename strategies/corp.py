@@ -27,7 +27,7 @@ import numpy as np
 
 from strategies.base import FixedSigmaCentre, Strategy
 from strategies.openai_es import centred_ranks
-from strategies.perturb import check_positive
+from strategies.perturb import check_positive, mirrored_noise
 
 __all__ = ["CoRP", "compatible_direction"]
 
@@ -89,9 +89,8 @@ class CoRP(FixedSigmaCentre, Strategy):
 
     def _ask(self) -> np.ndarray:
         gate = [] if self._proposal is None else [self._proposal, self._mean]
-        half = self.rng.standard_normal(((self.population_size - len(gate)) // 2, self.dim))
-        perturbations = self._mean + self.sigma0 * np.concatenate([half, -half])
-        return np.concatenate([np.array(gate).reshape(-1, self.dim), perturbations])
+        eps = mirrored_noise(self.rng, (self.population_size - len(gate)) // 2, self.dim)
+        return np.vstack([*gate, self._mean + self.sigma0 * eps])  # (P, D): [proposal, centre,] perturbations
 
     def tell(self, genomes: np.ndarray, fitness: np.ndarray) -> None:
         """:meth:`strategies.base.Strategy.tell`, remembering which candidates failed (NaN), so that a failed

@@ -15,7 +15,7 @@ import numpy as np
 
 from strategies.base import FixedSigmaCentre, Strategy, average_over_ties
 
-__all__ = ["CentredPerturbation", "check_count", "check_positive", "selection_weights"]
+__all__ = ["CentredPerturbation", "check_count", "check_positive", "mirrored_noise", "selection_weights"]
 
 
 def selection_weights(fitness: np.ndarray, top: int, bottom: int = 0) -> np.ndarray:
@@ -42,6 +42,13 @@ def selection_weights(fitness: np.ndarray, top: int, bottom: int = 0) -> np.ndar
     w = np.empty(P)
     w[order] = average_over_ties(sorted_f, positive) + average_over_ties(sorted_f, negative)
     return w
+
+
+def mirrored_noise(rng: np.random.Generator, pairs: int, dim: int) -> np.ndarray:
+    """(2 pairs, D) float64 standard normal noise in mirrored pairs: rows i and i + pairs are +eps, -eps
+    (Salimans et al. 2017, arXiv 1703.03864, §2.1)."""
+    half = rng.standard_normal((pairs, dim))
+    return np.concatenate([half, -half])
 
 
 def check_count(value: object, field: str, low: int, high: int, example: str) -> int:
@@ -86,8 +93,7 @@ class CentredPerturbation(FixedSigmaCentre, Strategy):
     def _ask(self) -> np.ndarray:
         P = self.population_size
         if self.mirrored:
-            half = self.rng.standard_normal((P // 2, self.dim))  # (P/2, D)
-            eps = np.concatenate([half, -half])  # (P, D): pairs i, i + P/2
+            eps = mirrored_noise(self.rng, P // 2, self.dim)  # (P, D): pairs i, i + P/2
         else:
             eps = self.rng.standard_normal((P, self.dim))  # (P, D)
         return self._mean + self.sigma0 * eps

@@ -274,8 +274,6 @@ def main(argv: list[str] | None = None) -> dict:
     from engine.hardware import detect_device
     from engine.model import resolve_model_path
     from engine.tasks import load_task
-    from engine.search import genome_kwargs
-
     t_start = time.perf_counter()
     cfg = compose_train_config(args.overrides)
     out = Path(args.out)
@@ -292,8 +290,8 @@ def main(argv: list[str] | None = None) -> dict:
     codec = build_codec(cfg.strategy.genome, lora, args.alpha, args.mode)
     D = codec.dim
     lr = default_lr(codec) if args.lr is None else args.lr
-    genome = {"kind": cfg.strategy.genome.kind, **genome_kwargs(cfg.strategy.genome), "D": D}
-    genome.update({k: getattr(codec, k) for k in ("alpha", "mode", "k", "u", "tied") if hasattr(codec, k)})
+    genome = {"kind": cfg.strategy.genome.kind, "D": D,
+              **{k: getattr(codec, k) for k in ("alpha", "mode", "k", "u", "tied") if hasattr(codec, k)}}
     log.info("genome %s; Adam lr %g, %d steps x %d rows", genome, lr, args.steps, args.batch_size)
 
     # the rows: the warm start's, and (for a generalisation check) train rows it never saw
