@@ -128,7 +128,8 @@ class SFTConfig:
     enabled: False -> no warm start: A Kaiming-uniform, B = 0 (peft's default init).
     max_steps: optimiser steps. batch_size: examples per step. lr: AdamW learning rate.
     max_length: tokens per example (prompt + solution). cache: reuse a finished warm start with the
-      same config hash from $ESSA_CACHE/sft.
+      same config hash from $ESSA_CACHE/sft. adapter: a PEFT adapter directory to start from instead of
+      training one (its rank must be ``lora.rank``); how each round of ``rounds.count`` > 1 starts.
     """
 
     enabled: bool = True
@@ -138,6 +139,7 @@ class SFTConfig:
     max_length: int = 256
     seed: int = 0
     cache: bool = True
+    adapter: Optional[str] = None
 
 
 @dataclass

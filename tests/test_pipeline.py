@@ -296,3 +296,34 @@ def test_tinylora_genome_runs_the_tiny_experiment(tmp_path: Path):
     assert cfg["r"] == 8 and mean.keys() == sft.keys()
     assert all(torch.equal(mean[k], sft[k]) for k in sft if k.endswith("lora_A.weight"))
     assert any(not torch.equal(mean[k], sft[k]) for k in sft if k.endswith("lora_B.weight"))
+
+
+def test_rounds_fold_the_correct_completions_into_the_next_warm_start(tmp_path: Path):
+    """rounds.count=2 (issue 39) through the real engine and TRL: round 0 evolves, its correct completions are
+    distilled into its mean adapter by SFT (fold_0), round 1 starts from that adapter, decomposed afresh, with
+    its own seed; rounds.json and the printed table record both rounds. Arithmetic with 8 prompts and room for
+    a whole answer, so that round 0 has correct completions to fold."""
+    import json
+
+    import torch
+
+    run = tmp_path / "rounds"
+    proc = subprocess.Popen(
+        [ESSA, "train", "+experiment=tiny", "task.train_size=64", "task.val_size=4", "sft.max_steps=8",
+         "rollout.prompts_per_generation=8", "rollout.max_tokens=64", "eval.max_tokens=64", "eval.every=0",
+         "engine.kv_cache_gib=1", "model.max_model_len=512", "rounds.count=2", "rounds.fold_steps=2",
+         "rounds.max_rows=16", f"hydra.run.dir={run}"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = finish(proc)
+    assert proc.returncode == 0, out[-3000:]
+    record = json.loads((run / "rounds.json").read_text())
+    assert [e["round"] for e in record["rounds"]] == [0, 1] and not record["control"]
+    fold = record["rounds"][0]["fold"]
+    assert 1 <= fold["rows"] <= 16 and fold["steps"] == 2
+    meta = json.loads((run / "round_1" / "run.json").read_text())
+    assert Path(meta["sft_adapter"]) == run / "fold_0" and meta["seed"] == 1000
+    folded, _ = read_adapter(run / "fold_0")
+    mean, _ = read_adapter(run / "round_0" / "adapters" / "mean")
+    assert folded.keys() == mean.keys() and any(not torch.equal(folded[k], mean[k]) for k in mean)
+    assert all(set(e["val"]) >= {"sft", "mean"} for e in record["rounds"])
+    assert "round  start   mean" in out

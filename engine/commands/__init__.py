@@ -52,7 +52,8 @@ def _hydra(name: str, summary: str) -> Command:
 
 
 COMMANDS: dict[str, Command] = {c.name: c for c in (
-    _hydra("train", "SFT warm start + ES (the default when no command is given)"),
+    Command("train", "SFT warm start + ES (the default when no command is given); rounds.count=R: in rounds",
+            "engine.commands.train_rounds:run", "engine.commands.train_config", "train"),
     _hydra("bench", "population-evaluation throughput benchmark"),
     _hydra("eval", "accuracy / pass@k of a model with or without adapters"),
     _hydra("grpo", "GRPO / F-GRPO baseline (TRL)"),

@@ -88,22 +88,6 @@ class _Progress:
     tracker: object = None
 
 
-def run(cfg, run_dir) -> float | None:
-    """``essa train``'s command function: :func:`run_train`; returns the final mean genome's held-out
-    accuracy (what a Hydra sweeper maximises), None when there was no final validation.
-
-    Raises:
-        ConfigError: ``strategy.name=`` / ``strategy._target_=`` picked a class that rejects the options
-            of the ``strategy=`` group option under it (one line naming the override that fixes it).
-    """
-    from hydra.core.hydra_config import HydraConfig
-
-    from engine.search.plugins import check_strategy_choice
-
-    check_strategy_choice(cfg.strategy, cfg.seed, HydraConfig.get().runtime.choices.get("strategy"))
-    return run_train(cfg, run_dir)["val"].get("mean")
-
-
 def run_train(cfg, run_dir: str | Path) -> dict:
     """Run (or resume) one ESSA training job; returns the final accuracy table.
 

@@ -75,6 +75,28 @@ class ValidationConfig:
 
 
 @dataclass
+class RoundsConfig:
+    """``rounds``: train in rounds (issue 39; Iterative RandOpt's perturb-select-fold, es-levers-2.md).
+    Each round runs ``generations`` generations from its warm start, then folds: the round's correct
+    completions are distilled into the round's mean adapter by SFT, and that adapter (re-decomposed by the
+    genome) is the next round's warm start. count: rounds (1 = plain ESSA, no fold). control: the
+    rejection-sampling control (RFT without a population): every generation of a round samples P + 1
+    copies of the round's warm start at ``control_temperature`` (independent seeds), the strategy is told
+    nothing, and the fold distils those samples' correct completions: the same rollouts and folds without
+    evolution. max_rows: at most this many distinct correct completions per fold (one per problem first).
+    fold_steps: optimiser steps of a fold (null = one pass over its rows, ``sft.batch_size`` per step).
+    fold_lr: its learning rate (null = ``sft.lr``).
+    """
+
+    count: int = 1
+    control: bool = False
+    control_temperature: float = 0.7
+    max_rows: int = 256
+    fold_steps: Optional[int] = None
+    fold_lr: Optional[float] = None
+
+
+@dataclass
 class TrainConfig:
     """``essa train``: SFT warm start, then ES over the genome (ESSA Algorithm 1).
 
@@ -107,6 +129,7 @@ class TrainConfig:
     label: Optional[str] = None
     report: bool = True
     oracle_genome: Optional[str] = None
+    rounds: RoundsConfig = field(default_factory=RoundsConfig)
 
 
 SCHEMA = TrainConfig
@@ -164,6 +187,37 @@ def check_run_control(cfg) -> None:
                           "sample_problems >= 1, sample_temperature > 0")
 
 
+def check_rounds(cfg) -> None:
+    """Raises ConfigError on a ``rounds`` group that cannot run (one line naming the field and the fix)."""
+    r = cfg.rounds
+    if r.count < 1 or r.max_rows < 1 or (r.fold_steps is not None and r.fold_steps < 1):
+        raise ConfigError(f"rounds.count={r.count}, rounds.max_rows={r.max_rows}, rounds.fold_steps={r.fold_steps}: "
+                          "each must be >= 1 (rounds.count=1: no rounds; rounds.fold_steps=null: one pass over the rows)")
+    if r.fold_lr is not None and not r.fold_lr > 0:
+        raise ConfigError(f"rounds.fold_lr={r.fold_lr}: must be > 0, or null for sft.lr")
+    if r.count == 1:
+        if r.control:
+            raise ConfigError("rounds.control=true needs rounds.count >= 2 (the control is a run in rounds); "
+                              "e.g. rounds.count=3 rounds.control=true")
+        return
+    if not r.control_temperature > 0:
+        raise ConfigError(f"rounds.control_temperature={r.control_temperature}: must be > 0 (copies of one adapter "
+                          "sampled greedily give one answer); e.g. rounds.control_temperature=0.7")
+    for name in ("deadline_s", "time_budget_s"):
+        if cfg[name] is not None:
+            raise ConfigError(f"{name}={cfg[name]} with rounds.count={r.count}: budgets apply to one run, not to "
+                              f"rounds; set generations (per round) instead, or {name}=null")
+    if cfg.rollout.placebo:
+        raise ConfigError("rollout.placebo=true with rounds.count > 1: the rounds' control is rounds.control=true; "
+                          "set rollout.placebo=false")
+    if cfg.generations < 1:
+        raise ConfigError(f"generations={cfg.generations} with rounds.count={r.count}: each round needs >= 1 "
+                          "generation to fold")
+    if not cfg.sft.enabled:
+        raise ConfigError("rounds.count > 1 with sft.enabled=false: a fold continues the warm start's adapter "
+                          "(peft's initial one has B = 0); enable the warm start")
+
+
 def validate(cfg) -> None:
     """Cross-field checks of a composed :class:`TrainConfig`, before anything is loaded.
 
@@ -175,6 +229,7 @@ def validate(cfg) -> None:
     check_run_control(cfg)
     check_rollout(cfg.rollout)
     check_sft(cfg.sft)
+    check_rounds(cfg)
     check_reward(cfg.reward)
     check_task_reward(cfg.task)
     if cfg.rollout.dense != "off" and cfg.task.gym.answer_format == "answer_tag":

@@ -12,7 +12,11 @@ error removes its temp directory (``.<hash>.tmp-<pid>-*``); one killed outright 
 and the next cache lookup removes it.
 
 With ``sft.enabled=false`` the adapter is peft's initialisation (A Kaiming-uniform, B = 0), the
-no-warm-start variant of ESSA.
+no-warm-start variant of ESSA. With ``sft.adapter=PATH`` that PEFT adapter is the warm start (nothing is
+trained): how a round of ``essa train rounds.count=R`` starts from the previous round's fold.
+
+:func:`fold` continues training an existing adapter on given rows (a round's correct completions):
+the "select, then distil" step of perturb-select-fold methods (Iterative RandOpt, es-levers-2.md).
 """
 from __future__ import annotations
 
@@ -90,6 +94,8 @@ def warm_start(model_path: str, problems: list[Problem], sft_cfg, lora_cfg, syst
     if sft_cfg.enabled and not examples:
         raise ValueError("sft.enabled=true but the task has no worked solutions; set sft.enabled=false "
                          "or use a task whose rows carry solutions")
+    if getattr(sft_cfg, "adapter", None):
+        return given_adapter(sft_cfg.adapter, lora_cfg.rank)
     if dtype is None:
         from engine.hardware import resolve_dtype
         dtype, _ = resolve_dtype("auto", purpose="training", log_choice=False)
@@ -107,6 +113,53 @@ def warm_start(model_path: str, problems: list[Problem], sft_cfg, lora_cfg, syst
                  "until it finishes", sft_cfg.max_steps, sft_cfg.batch_size, dtype, final)
         _train(model_path, examples, sft_cfg, lora_cfg, system_prompt, tmp, dtype)
     return final
+
+
+def given_adapter(path: str | Path, rank: int) -> Path:
+    """``sft.adapter``: the PEFT adapter directory ``path`` as the warm start, checked.
+
+    Raises:
+        ConfigError: no adapter_config.json there, or its rank ``r`` differs from ``lora.rank`` (the
+            genome's and the engine's rank); one line naming the field.
+    """
+    path = Path(path).expanduser()
+    config = path / "adapter_config.json"
+    if not config.is_file():
+        raise ConfigError(f"sft.adapter={path}: no PEFT adapter there (adapter_config.json missing); give an adapter "
+                          f"directory, e.g. a run's adapters/mean, or sft.adapter=null to train a warm start")
+    r = json.loads(config.read_text()).get("r")
+    if r != rank:
+        raise ConfigError(f"sft.adapter={path}: rank {r} differs from lora.rank={rank}; set lora.rank={r}")
+    log.info("SFT warm start: the given adapter %s (nothing trained)", path)
+    return path
+
+
+def fold(model_path: str, adapter_dir: str | Path, problems: list[Problem], sft_cfg, system_prompt: str,
+         out: str | Path, steps: int, lr: float, dtype: str = "float32") -> Path:
+    """Continue training the adapter ``adapter_dir`` (on the base model ``model_path``) on ``problems`` (their ``solution`` is the completion
+    to learn: a round's own correct completions) for ``steps`` optimiser steps of ``sft.batch_size`` rows
+    at learning rate ``lr``; the result is written atomically to ``out`` (a finished ``out`` is reused).
+    The fold of Iterative RandOpt (select the population's correct answers, distil them by SFT;
+    ../shared/notes/es-levers-2.md), with TRL's SFTTrainer, loss on the completion only.
+
+    Returns:
+        ``out`` (a PEFT adapter directory of the same rank and modules, plus ``sft_meta.json``).
+
+    Raises:
+        ValueError: no rows to train on.
+    """
+    out = Path(out)
+    if (out / "adapter_config.json").exists():
+        log.info("fold: finished adapter %s (reused)", out)
+        return out
+    if not problems:
+        raise ValueError("fold: no rows to train on (the round produced no correct completion)")
+    with sigterm_unwinds(), atomic_dir(out) as tmp:
+        log.info("fold: %d steps x %d rows (lr %g, %s) from %s on %d rows into %s", steps, sft_cfg.batch_size, lr,
+                 dtype, adapter_dir, len(problems), out)
+        meta = _fold_train(model_path, problems, sft_cfg, steps, lr, system_prompt, tmp, dtype, Path(adapter_dir))
+    log.info("fold done: %s", meta)
+    return out
 
 
 def check_target_modules(model, target_modules) -> None:
@@ -150,6 +203,7 @@ def _progress_bars(enabled: bool):
 
 
 def _train(model_path, examples, sft_cfg, lora_cfg, system_prompt, out: Path, dtype: str = "float32") -> None:
+    """The warm start: a fresh peft LoRA on ``model_path`` trained on ``examples``, saved into ``out``."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -166,32 +220,66 @@ def _train(model_path, examples, sft_cfg, lora_cfg, system_prompt, out: Path, dt
         log.info("SFT disabled: saved peft's initial adapter (A Kaiming, B = 0)")
         return
 
+    def load():
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+        check_target_modules(model, lora_cfg.target_modules)
+        return model
+
+    meta = _fit(load, tokenizer, examples, system_prompt, sft_cfg.max_steps, sft_cfg.batch_size, sft_cfg.lr,
+                sft_cfg.max_length, sft_cfg.seed, dtype, out, peft_config=peft_cfg)
+    log.info("SFT warm start done: %s", meta)
+
+
+def _fold_train(model_path, examples, sft_cfg, steps: int, lr: float, system_prompt, out: Path, dtype: str,
+                start: Path) -> dict:
+    """:func:`fold`'s training: the adapter ``start`` loaded trainable on ``model_path``, then :func:`_fit`."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(sft_cfg.seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+
+    def load():
+        base = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+        return PeftModel.from_pretrained(base, str(start), is_trainable=True)
+
+    return _fit(load, tokenizer, examples, system_prompt, steps, sft_cfg.batch_size, lr, sft_cfg.max_length,
+                sft_cfg.seed, dtype, out)
+
+
+def _fit(load_model, tokenizer, examples, system_prompt, steps: int, batch_size: int, lr: float, max_length: int,
+         seed: int, dtype: str, out: Path, peft_config=None) -> dict:
+    """TRL's SFTTrainer on ``examples`` (loss on the completion only, constant ``lr``, ``steps`` steps of
+    ``batch_size`` rows); saves the adapter, the tokenizer and ``sft_meta.json`` into ``out``; returns the meta
+    (steps, examples, dtype, seconds, first/last/mean loss). ``load_model()`` builds the model to train (a peft
+    model already, or a base model that ``peft_config`` wraps)."""
+    import torch
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
     rows = sft_rows(examples, system_prompt)
     bars = sys.stderr.isatty()  # progress bars for a terminal; a redirected log (make run > log) gets none
     args = SFTConfig(
-        output_dir=str(out / "trainer"), max_steps=sft_cfg.max_steps, per_device_train_batch_size=sft_cfg.batch_size,
-        learning_rate=sft_cfg.lr, lr_scheduler_type="constant", warmup_steps=0, max_length=sft_cfg.max_length,
-        logging_steps=max(1, sft_cfg.max_steps // 10), save_strategy="no", report_to=[], seed=sft_cfg.seed,
+        output_dir=str(out / "trainer"), max_steps=steps, per_device_train_batch_size=batch_size,
+        learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0, max_length=max_length,
+        logging_steps=max(1, steps // 10), save_strategy="no", report_to=[], seed=seed,
         use_cpu=not torch.cuda.is_available(), bf16=dtype == "bfloat16",
         fp16=dtype == "float16" and torch.cuda.is_available(), dataloader_num_workers=0,
         completion_only_loss=True, disable_tqdm=not bars,
     )
     with _progress_bars(bars):
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
-        check_target_modules(model, lora_cfg.target_modules)
+        model = load_model()
         t0 = time.perf_counter()
         trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
-                             processing_class=tokenizer, peft_config=peft_cfg)
+                             processing_class=tokenizer, peft_config=peft_config)
         result = trainer.train()
     trainer.model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    meta = {"steps": sft_cfg.max_steps, "examples": len(examples), "dtype": dtype, "seconds": time.perf_counter() - t0,
+    meta = {"steps": steps, "examples": len(examples), "dtype": dtype, "seconds": time.perf_counter() - t0,
             "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
             "train_loss": result.training_loss}
     (out / "sft_meta.json").write_text(json.dumps(meta, indent=2))
     shutil.rmtree(out / "trainer", ignore_errors=True)
-    log.info("SFT warm start done: %s", meta)
+    return meta
