@@ -424,8 +424,40 @@ def check_signal(r, prompts: int, prompts_field: str) -> None:
         raise ConfigError(f"rollout.noise_rho={r.noise_rho}: a rank correlation, in [-1, 1], e.g. 0.2")
 
 
-def check_sft(sft) -> None:
-    """Raises ConfigError on a warm start that cannot train (checked before anything is loaded)."""
+def check_sft_adapter(path, lora) -> Path:
+    """``sft.adapter``: the PEFT adapter directory ``path`` as a warm start, checked against the ``lora`` group
+    (its rank, alpha and target modules are the genome's and the served candidates'). Returns the path.
+
+    Raises:
+        ConfigError: no adapter_config.json there, or its ``r``, ``lora_alpha`` or ``target_modules`` differ
+            from ``lora.rank``, ``lora.alpha``, ``lora.target_modules``; one line naming the field.
+    """
+    import json
+    from pathlib import Path
+
+    path = Path(path).expanduser()
+    config = path / "adapter_config.json"
+    if not config.is_file():
+        raise ConfigError(f"sft.adapter={path}: no PEFT adapter there (adapter_config.json missing); give an adapter "
+                          f"directory, e.g. a run's adapters/mean, or sft.adapter=null to train a warm start")
+    a = json.loads(config.read_text())
+    theirs = {"lora.rank": a.get("r"), "lora.alpha": float(a.get("lora_alpha", "nan")),
+              "lora.target_modules": sorted(a.get("target_modules") or [])}
+    ours = {"lora.rank": lora.rank, "lora.alpha": float(lora.alpha), "lora.target_modules": sorted(lora.target_modules)}
+    for field, value in theirs.items():
+        if value != ours[field]:
+            shown = ",".join(value) if isinstance(value, list) else value
+            raise ConfigError(f"sft.adapter={path}: its {field.split('.')[1]} is {value}, the run's {field} is "
+                              f"{ours[field]}; set {field}={'[' + shown + ']' if isinstance(value, list) else shown}")
+    return path
+
+
+def check_sft(sft, lora=None) -> None:
+    """Raises ConfigError on a warm start that cannot train, or a given ``sft.adapter`` that does not fit
+    ``lora`` (:func:`check_sft_adapter`; checked before anything is loaded)."""
+    if getattr(sft, "adapter", None) and lora is not None:
+        check_sft_adapter(sft.adapter, lora)
+        return
     if sft.enabled and (sft.max_steps < 1 or sft.batch_size < 1 or not sft.lr > 0 or sft.max_length < 8):
         raise ConfigError(f"sft: max_steps={sft.max_steps}, batch_size={sft.batch_size} must be >= 1, lr={sft.lr} > 0, "
                           f"max_length={sft.max_length} >= 8; or sft.enabled=false for no warm start")

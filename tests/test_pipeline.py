@@ -317,7 +317,7 @@ def test_rounds_fold_the_correct_completions_into_the_next_warm_start(tmp_path: 
     out = finish(proc)
     assert proc.returncode == 0, out[-3000:]
     record = json.loads((run / "rounds.json").read_text())
-    assert [e["round"] for e in record["rounds"]] == [0, 1] and not record["control"]
+    assert [e["round"] for e in record["rounds"]] == [0, 1] and not record["config"]["rounds"]["control"]
     fold = record["rounds"][0]["fold"]
     assert 1 <= fold["rows"] <= 16 and fold["steps"] == 2
     meta = json.loads((run / "round_1" / "run.json").read_text())

@@ -91,7 +91,7 @@ class FakeRounds:
         out.mkdir(parents=True, exist_ok=True)
         mean = json.loads((round_dir / "summary.json").read_text())["val"]["mean"]
         (out / "acc.json").write_text(json.dumps(mean))
-        return out, {"rows": 7, "steps": 1, "last_loss": 0.5}
+        return {"rows": 7, "steps": 1, "last_loss": 0.5}
 
 
 def test_rounds_chain_each_fold_into_the_next_round(tmp_path, monkeypatch, capsys):
@@ -149,12 +149,53 @@ def test_plain_run_and_good_rounds_pass():
     check_rounds(cfg(rounds={"count": 3, "control": True}))
 
 
-def test_given_adapter_is_checked(tmp_path):
+def test_given_adapter_is_checked_against_the_lora_group(tmp_path):
+    from engine.config import LoRAConfig
     from engine.lora.sft import given_adapter
 
+    lora = LoRAConfig(rank=8, alpha=16.0)
     with pytest.raises(ConfigError, match="sft.adapter=.*adapter_config.json missing"):
-        given_adapter(tmp_path, 8)
-    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 4}))
-    with pytest.raises(ConfigError, match="lora.rank=4"):
-        given_adapter(tmp_path, 8)
-    assert given_adapter(tmp_path, 4) == tmp_path
+        given_adapter(tmp_path, lora)
+    good = {"r": 8, "lora_alpha": 16, "target_modules": ["v_proj", "q_proj", "k_proj", "o_proj"]}
+    for change, fix in [({"r": 4}, "lora.rank=4"), ({"lora_alpha": 32}, "lora.alpha=32.0"),
+                        ({"target_modules": ["q_proj"]}, "lora.target_modules=[q_proj]")]:
+        (tmp_path / "adapter_config.json").write_text(json.dumps({**good, **change}))
+        with pytest.raises(ConfigError, match=fix.replace("[", r"\[").replace("]", r"\]")) as e:
+            given_adapter(tmp_path, lora)
+        assert "\n" not in str(e.value)
+    (tmp_path / "adapter_config.json").write_text(json.dumps(good))
+    assert given_adapter(tmp_path, lora) == tmp_path
+
+
+@pytest.mark.parametrize("kw, field", [
+    ({"rollout": {"fitness": "likelihood"}}, "rollout.fitness"),
+    ({"rounds": {"count": 2, "control": True}, "rollout": {"adaptive_prompts": True}}, "rollout.adaptive_prompts"),
+    ({"seed": 2 ** 32 - 1}, "seed="),
+])
+def test_rounds_refuse_what_would_fail_after_round_0(kw, field):
+    kw = {"rounds": {"count": 2}, **kw}
+    with pytest.raises(ConfigError, match=field):
+        check_rounds(cfg(**kw))
+
+
+def test_a_stop_in_round_0_resumes_and_a_changed_config_is_refused(tmp_path, monkeypatch):
+    fake = FakeRounds(monkeypatch, interrupt_at=0)
+    with pytest.raises(KeyboardInterrupt):
+        train_rounds.run_rounds(cfg(rounds={"count": 2}), tmp_path, fake.run_train)
+    assert json.loads((tmp_path / "rounds.json").read_text())["rounds"] == []  # written before round 0
+    with pytest.raises(ConfigError, match="rounds.control=false"):
+        train_rounds.run_rounds(cfg(rounds={"count": 2, "control": True}, resume=str(tmp_path)), tmp_path,
+                                FakeRounds(monkeypatch).run_train)
+    again = FakeRounds(monkeypatch)
+    out = train_rounds.run_rounds(cfg(rounds={"count": 2}, resume=str(tmp_path)), tmp_path, again.run_train)
+    assert again.calls[0][:3] == ("round_0", None, str(tmp_path / "round_0"))  # resumed from its checkpoint
+    assert [e["round"] for e in out["rounds"]] == [0, 1]
+
+
+def test_a_finished_fold_is_kept_without_reading_the_task(tmp_path):
+    out = tmp_path / "fold_0"
+    out.mkdir()
+    (out / "adapter_config.json").write_text("{}")
+    (out / "sft_meta.json").write_text(json.dumps({"examples": 12, "steps": 3, "last_loss": 0.2}))
+    bad_task = cfg(rounds={"count": 2}, task={"name": "nope", "reader": "nope"})
+    assert train_rounds.fold_round(bad_task, 0, tmp_path / "round_0", out) == {"rows": 12, "steps": 3, "last_loss": 0.2}

@@ -261,7 +261,7 @@ def validate(cfg) -> None:
     check_reward(cfg.reward)
     check_task_reward(cfg.task)
     check_logger(cfg.logger)
-    check_sft(cfg.sft)
+    check_sft(cfg.sft, cfg.lora)
 
 
 def method_name(focal_gamma: float) -> str:

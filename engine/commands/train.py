@@ -162,13 +162,13 @@ def open_run(run: TrainRun, progress: _Progress) -> None:
     :func:`engine.commands.train_checkpoint.open_checkpoint`)."""
     if run.cfg.resume:
         run.run_dir, run.ckpt, run.state = open_checkpoint(run.cfg)
-        _continue_log_in(run.run_dir)
+        continue_log_in(run.run_dir)
     progress.run_dir = run.run_dir
     progress.checkpoint_generation = run.state.generation  # -1 in a new run
     run.run_dir.mkdir(parents=True, exist_ok=True)
 
 
-def _continue_log_in(run_dir: Path) -> None:
+def continue_log_in(run_dir: Path) -> None:
     """A resumed run's log also goes to the resumed directory's own log file (appended), beside the
     new directory Hydra opened for this invocation, so one run keeps one log. Hydra's log handler is
     the one its job_logging config names ``file``."""

@@ -10,7 +10,7 @@ from typing import Optional
 from engine.config import (ConfigError, EngineConfig, LoggerConfig, LoRAConfig, ModelConfig, RewardConfig, SFTConfig,
                            SignalConfig, StrategyConfig, TaskConfig, check_context, check_engine, check_logger,
                            check_lora, check_reward, check_sampling, check_seed, check_sft, check_signal,
-                           check_strategy, check_task_reward)
+                           check_strategy, check_task_reward, SEED_MAX)
 from engine.hardware import check_numerics, check_numerics_dtype
 
 
@@ -72,6 +72,10 @@ class ValidationConfig:
     samples: int = 0
     sample_temperature: float = 0.7
     sample_problems: int = 100
+
+
+ROUND_SEED_STRIDE = 1000
+"""Round r of ``rounds.count`` trains with ``seed + r * ROUND_SEED_STRIDE``: its own minibatches and search noise."""
 
 
 @dataclass
@@ -210,10 +214,21 @@ def check_rounds(cfg) -> None:
     if cfg.rollout.placebo:
         raise ConfigError("rollout.placebo=true with rounds.count > 1: the rounds' control is rounds.control=true; "
                           "set rollout.placebo=false")
+    if cfg.rollout.fitness == "likelihood":
+        raise ConfigError("rollout.fitness=likelihood with rounds.count > 1: a fold distils correct completions, and "
+                          "likelihood fitness decodes none; set rollout.fitness=reward")
+    if r.control and cfg.rollout.adaptive_prompts:
+        raise ConfigError("rounds.control=true with rollout.adaptive_prompts=true: the control's copies never rank, so "
+                          "N would double every generation; set rollout.adaptive_prompts=false")
+    last = cfg.seed + (r.count - 1) * ROUND_SEED_STRIDE
+    if last > SEED_MAX:
+        raise ConfigError(f"seed={cfg.seed} with rounds.count={r.count}: round {r.count - 1} trains with seed "
+                          f"{last} (seed + {ROUND_SEED_STRIDE} per round), above {SEED_MAX}; "
+                          f"use seed <= {SEED_MAX - (r.count - 1) * ROUND_SEED_STRIDE}")
     if cfg.generations < 1:
         raise ConfigError(f"generations={cfg.generations} with rounds.count={r.count}: each round needs >= 1 "
                           "generation to fold")
-    if not cfg.sft.enabled:
+    if not cfg.sft.enabled and not cfg.sft.adapter:
         raise ConfigError("rounds.count > 1 with sft.enabled=false: a fold continues the warm start's adapter "
                           "(peft's initial one has B = 0); enable the warm start")
 
@@ -228,7 +243,7 @@ def validate(cfg) -> None:
     check_strategy(cfg.strategy, cfg.lora)
     check_run_control(cfg)
     check_rollout(cfg.rollout)
-    check_sft(cfg.sft)
+    check_sft(cfg.sft, cfg.lora)
     check_rounds(cfg)
     check_reward(cfg.reward)
     check_task_reward(cfg.task)

@@ -19,18 +19,16 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from engine import io
+from engine.commands.train_config import ROUND_SEED_STRIDE, validate
 from engine.config import ConfigError
 
 log = logging.getLogger("essa")
-
-ROUND_SEED_STRIDE = 1000
-"""Round r trains with ``seed + r * ROUND_SEED_STRIDE``: its own minibatches and search noise."""
-
 
 def run(cfg, run_dir) -> float | None:
     """``essa train``'s command function: one run (:func:`engine.commands.train.run_train`) or, with
@@ -53,7 +51,8 @@ def run(cfg, run_dir) -> float | None:
 
 
 def rounds_dir(cfg, run_dir: str | Path) -> Path:
-    """The rounds' directory: Hydra's run dir, or ``resume``'s (which must hold ``rounds.json``).
+    """The rounds' directory: Hydra's run dir, or ``resume``'s (which must hold ``rounds.json``, written when
+    the rounds start).
 
     Raises:
         ConfigError: ``resume`` names a directory that is not a run in rounds.
@@ -61,10 +60,44 @@ def rounds_dir(cfg, run_dir: str | Path) -> Path:
     if not cfg.resume:
         return Path(run_dir)
     path = Path(cfg.resume).expanduser()
+    if not path.is_dir():
+        raise ConfigError(f"resume={cfg.resume}: no such directory; give the run directory that "
+                          f"`essa train rounds.count={cfg.rounds.count}` printed")
     if not (path / "rounds.json").is_file():
         raise ConfigError(f"resume={cfg.resume}: no rounds.json there, so not a run in rounds; give the directory "
                           f"`essa train rounds.count={cfg.rounds.count}` made, or resume a single run with rounds.count=1")
     return path
+
+
+def rounds_config(cfg) -> dict:
+    """The fields a run in rounds depends on: every checkpoint's (RESUME_KEYS), ``generations`` and ``rounds``;
+    a resume must match them."""
+    from engine.commands.train_checkpoint import resume_config
+
+    return {**resume_config(cfg), "generations": cfg.generations,
+            "rounds": OmegaConf.to_container(cfg.rounds, resolve=True)}
+
+
+def open_rounds(cfg, root: Path) -> dict:
+    """The record of the rounds in ``root``: a new one (written now, so that a stop in round 0 can resume), or
+    the one a resume continues, checked against ``cfg``.
+
+    Raises:
+        ConfigError: a resume whose config differs (the first fields named, with the values to use).
+    """
+    from engine.commands.train_checkpoint import config_diff
+
+    new = {"config": rounds_config(cfg), "rounds": []}
+    if not cfg.resume:
+        io.write_json(root / "rounds.json", new)
+        return new
+    old = io.read_json(root / "rounds.json")
+    diff = config_diff(old.get("config", {}), new["config"])
+    if diff:
+        shown = " ".join(f"{k}={json.dumps(a)}" for k, a, _ in diff[:5])
+        raise ConfigError(f"resume={root}: the config differs from the rounds' in {len(diff)} field(s); resume with "
+                          f"their values ({shown}) or start a new run without resume")
+    return old
 
 
 def round_config(cfg, r: int, start: Path | None, round_dir: Path):
@@ -124,9 +157,10 @@ def read_rollouts(round_dir: Path) -> list[dict]:
     return [row for f in files for row in pq.read_table(f, columns=["prompt_id", "completion", "status"]).to_pylist()]
 
 
-def fold_round(cfg, r: int, round_dir: Path, out: Path) -> tuple[Path, dict]:
+def fold_round(cfg, r: int, round_dir: Path, out: Path) -> dict:
     """Fold round ``r``: its correct completions (:func:`fold_rows`) distilled into its mean adapter
-    (``round_dir/adapters/mean``) by SFT into ``out``. Returns (the folded adapter, its record for rounds.json).
+    (``round_dir/adapters/mean``) by SFT into ``out`` (a finished ``out`` is kept as it is). Returns its record
+    for rounds.json (rows, steps, last loss).
 
     Raises:
         ValueError: the round produced no correct completion (nothing to fold).
@@ -136,18 +170,21 @@ def fold_round(cfg, r: int, round_dir: Path, out: Path) -> tuple[Path, dict]:
     from engine.model import resolve_model_path
     from engine.tasks import load_task
 
+    if (out / "adapter_config.json").is_file():
+        meta = io.read_json(out / "sft_meta.json")
+        return {"rows": meta.get("examples"), "steps": meta.get("steps"), "last_loss": meta.get("last_loss")}
     task = load_task(cfg.task)
     rows = fold_rows(read_rollouts(round_dir), {p.id: p for p in task.train}, cfg.rounds.max_rows,
                      cfg.seed + r * ROUND_SEED_STRIDE)
     if not rows:
-        raise ValueError(f"round {r} ({round_dir}) produced no correct completion to fold; a stronger warm start "
-                         "(sft.max_steps) or more generations per round gives it some")
+        raise ValueError(f"round {r} ({round_dir}) produced no correct completion to fold; start a new run with a "
+                         "stronger warm start (sft.max_steps) or more generations per round")
     steps = cfg.rounds.fold_steps or -(-len(rows) // cfg.sft.batch_size)
     dtype, _ = resolve_dtype(cfg.model.dtype, purpose="training", log_choice=False)
-    adapter = fold(resolve_model_path(cfg.model.path), round_dir / "adapters" / "mean", rows, cfg.sft,
-                   cfg.task.system_prompt, out, steps, cfg.rounds.fold_lr or cfg.sft.lr, dtype)
-    meta = json.loads((adapter / "sft_meta.json").read_text())
-    return adapter, {"rows": len(rows), "steps": steps, "last_loss": meta.get("last_loss")}
+    fold(resolve_model_path(cfg.model.path), round_dir / "adapters" / "mean", rows, cfg.sft, cfg.task.system_prompt,
+         out, steps, cfg.rounds.fold_lr or cfg.sft.lr, dtype)
+    meta = io.read_json(out / "sft_meta.json")
+    return {"rows": len(rows), "steps": steps, "last_loss": meta.get("last_loss")}
 
 
 def run_rounds(cfg, run_dir: str | Path, run_train) -> dict:
@@ -159,28 +196,44 @@ def run_rounds(cfg, run_dir: str | Path, run_train) -> dict:
         run_train: :func:`engine.commands.train.run_train` (one round; a fake in unit tests).
 
     Returns:
-        ``{"rounds": [{"round", "dir", "val", "paired_vs_sft", "fold"?}, ...], "run_dir"}``, also written to
+        ``{"config", "rounds": [{"round", "dir", "val", "paired_vs_sft", "fold"?}, ...], "run_dir"}``, also in
         ``<run dir>/rounds.json``.
 
     Raises:
         ConfigError / ValueError: bad configuration (one line), a round with nothing to fold.
         KeyboardInterrupt: Ctrl-C; finished rounds and folds are kept, ``resume=<run dir>`` continues.
     """
+    from engine.commands.train import continue_log_in
+
+    validate(cfg)  # the rounds' own checks; each round's run checks its one-run config again
     root = rounds_dir(cfg, run_dir)
     root.mkdir(parents=True, exist_ok=True)
-    record = {"count": cfg.rounds.count, "control": bool(cfg.rounds.control), "rounds": []}
-    start = None
-    for r in range(cfg.rounds.count):
-        round_dir = root / f"round_{r}"
-        log.info("round %d of %d (%s) in %s", r + 1, cfg.rounds.count,
-                 "control: copies of the warm start" if cfg.rounds.control else "evolution", round_dir)
-        entry = {"round": r, "dir": str(round_dir), **finished_round(round_dir, run_train, round_config(cfg, r, start, round_dir))}
-        if r + 1 < cfg.rounds.count:
-            start, entry["fold"] = fold_round(cfg, r, round_dir, root / f"fold_{r}")
-        record["rounds"].append(entry)
-        io.write_json(root / "rounds.json", record)
+    io.remove_stale_temp_dirs(root)  # a fold killed outright (SIGKILL)
+    record = open_rounds(cfg, root)
+    if cfg.resume:
+        continue_log_in(root)
+    try:
+        for r in range(len(record["rounds"]), cfg.rounds.count):
+            record["rounds"].append(one_round(cfg, r, root, run_train))
+            io.write_json(root / "rounds.json", record)
+    except KeyboardInterrupt:
+        print(f"rounds: interrupted in round {len(record['rounds'])}; continue with: essa train resume={root} "
+              "<same overrides> (finished rounds and folds are kept)", file=sys.stderr)
+        raise
     print(rounds_table(record))
     return {**record, "run_dir": str(root)}
+
+
+def one_round(cfg, r: int, root: Path, run_train) -> dict:
+    """Round ``r`` (run, or resumed, or read back when finished) and, unless it is the last, its fold."""
+    start = root / f"fold_{r - 1}" if r else None
+    round_dir = root / f"round_{r}"
+    log.info("round %d of %d (%s) in %s", r + 1, cfg.rounds.count,
+             "control: copies of the warm start" if cfg.rounds.control else "evolution", round_dir)
+    entry = {"round": r, "dir": str(round_dir), **finished_round(round_dir, run_train, round_config(cfg, r, start, round_dir))}
+    if r + 1 < cfg.rounds.count:
+        entry["fold"] = fold_round(cfg, r, round_dir, root / f"fold_{r}")
+    return entry
 
 
 def finished_round(round_dir: Path, run_train, cfg_r) -> dict:
@@ -194,7 +247,8 @@ def finished_round(round_dir: Path, run_train, cfg_r) -> dict:
 
 def rounds_table(record: dict) -> str:
     """The rounds in words: each round's warm start and mean held-out accuracy, and its fold's rows."""
-    lines = [f"rounds ({'control: no evolution' if record['control'] else 'evolution'}):",
+    control = record["config"]["rounds"]["control"]
+    lines = [f"rounds ({'control: no evolution' if control else 'evolution'}):",
              "round  start   mean    fold rows"]
     for e in record["rounds"]:
         v = e["val"]

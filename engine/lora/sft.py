@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine.config import ConfigError
+from engine.config import ConfigError, check_sft_adapter
 from engine.interrupts import sigterm_unwinds
 from engine.io import atomic_dir, remove_stale_temp_dirs
 from engine.model import cache_dir
@@ -90,12 +90,12 @@ def warm_start(model_path: str, problems: list[Problem], sft_cfg, lora_cfg, syst
     Raises:
         ValueError: SFT enabled but no row has a worked solution (``sft.enabled=false`` is the fix).
     """
+    if getattr(sft_cfg, "adapter", None):
+        return given_adapter(sft_cfg.adapter, lora_cfg)
     examples = sft_examples(problems, sft_cfg) if sft_cfg.enabled else []
     if sft_cfg.enabled and not examples:
         raise ValueError("sft.enabled=true but the task has no worked solutions; set sft.enabled=false "
                          "or use a task whose rows carry solutions")
-    if getattr(sft_cfg, "adapter", None):
-        return given_adapter(sft_cfg.adapter, lora_cfg.rank)
     if dtype is None:
         from engine.hardware import resolve_dtype
         dtype, _ = resolve_dtype("auto", purpose="training", log_choice=False)
@@ -115,21 +115,14 @@ def warm_start(model_path: str, problems: list[Problem], sft_cfg, lora_cfg, syst
     return final
 
 
-def given_adapter(path: str | Path, rank: int) -> Path:
-    """``sft.adapter``: the PEFT adapter directory ``path`` as the warm start, checked.
+def given_adapter(path: str | Path, lora_cfg) -> Path:
+    """``sft.adapter``: the PEFT adapter directory ``path`` as the warm start (nothing trained), checked by
+    :func:`engine.config.check_sft_adapter` (rank, alpha and modules must be the ``lora`` group's).
 
     Raises:
-        ConfigError: no adapter_config.json there, or its rank ``r`` differs from ``lora.rank`` (the
-            genome's and the engine's rank); one line naming the field.
+        ConfigError: one line naming the field (see there).
     """
-    path = Path(path).expanduser()
-    config = path / "adapter_config.json"
-    if not config.is_file():
-        raise ConfigError(f"sft.adapter={path}: no PEFT adapter there (adapter_config.json missing); give an adapter "
-                          f"directory, e.g. a run's adapters/mean, or sft.adapter=null to train a warm start")
-    r = json.loads(config.read_text()).get("r")
-    if r != rank:
-        raise ConfigError(f"sft.adapter={path}: rank {r} differs from lora.rank={rank}; set lora.rank={r}")
+    path = check_sft_adapter(path, lora_cfg)
     log.info("SFT warm start: the given adapter %s (nothing trained)", path)
     return path
 
@@ -155,8 +148,8 @@ def fold(model_path: str, adapter_dir: str | Path, problems: list[Problem], sft_
     if not problems:
         raise ValueError("fold: no rows to train on (the round produced no correct completion)")
     with sigterm_unwinds(), atomic_dir(out) as tmp:
-        log.info("fold: %d steps x %d rows (lr %g, %s) from %s on %d rows into %s", steps, sft_cfg.batch_size, lr,
-                 dtype, adapter_dir, len(problems), out)
+        log.info("fold: %d steps of %d rows each (lr %g, %s) from %s, on %d distinct completions, into %s", steps,
+                 sft_cfg.batch_size, lr, dtype, adapter_dir, len(problems), out)
         meta = _fold_train(model_path, problems, sft_cfg, steps, lr, system_prompt, tmp, dtype, Path(adapter_dir))
     log.info("fold done: %s", meta)
     return out
