@@ -502,7 +502,7 @@ def test_a_resumed_runs_log_continues_in_its_own_directory(tmp_path):
     <dir> gets the resumed part too (appended), so one run keeps one log."""
     import logging
 
-    from engine.commands.train import _continue_log_in
+    from engine.commands.train import continue_log_in
 
     (tmp_path / "new").mkdir()
     (tmp_path / "run").mkdir()
@@ -514,10 +514,10 @@ def test_a_resumed_runs_log_continues_in_its_own_directory(tmp_path):
     root.addHandler(hydra_handler)
     root.setLevel(logging.INFO)
     try:
-        _continue_log_in(tmp_path / "new")      # resumed into Hydra's own directory: nothing added
+        continue_log_in(tmp_path / "new")      # resumed into Hydra's own directory: nothing added
         assert len(root.handlers) == len(before) + 1
-        _continue_log_in(tmp_path / "run")
-        _continue_log_in(tmp_path / "run")      # a second call adds nothing (every line would be written twice)
+        continue_log_in(tmp_path / "run")
+        continue_log_in(tmp_path / "run")      # a second call adds nothing (every line would be written twice)
         assert len(root.handlers) == len(before) + 2
         logging.getLogger("essa").warning("gen 1 line")
     finally:

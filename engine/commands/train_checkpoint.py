@@ -120,11 +120,13 @@ def _added_with_default(field: str, value) -> bool:
     version added, at the value that reproduces the older version's behaviour."""
     from engine.commands.train_config import TrainConfig
     try:
-        default = OmegaConf.select(OmegaConf.structured(TrainConfig), field, throw_on_missing=True)
-    except Exception:  # noqa: BLE001 - not in the schema (a plugin's field) or missing: no default
+        default = OmegaConf.select(OmegaConf.structured(TrainConfig), field, throw_on_missing=True, default=_UNSET)
+    except Exception:  # noqa: BLE001 - missing (???): no default
+        return False
+    if default is _UNSET:  # not in the schema (a plugin's field)
         return False
     default = OmegaConf.to_container(default, resolve=True) if OmegaConf.is_config(default) else default
-    return default is not None and json.dumps(default, sort_keys=True) == json.dumps(value, sort_keys=True, default=str)
+    return json.dumps(default, sort_keys=True) == json.dumps(value, sort_keys=True, default=str)
 
 
 def _show(v) -> str:
