@@ -30,6 +30,7 @@ from engine.config import ConfigError
 
 log = logging.getLogger("essa")
 
+
 def run(cfg, run_dir) -> float | None:
     """``essa train``'s command function: one run (:func:`engine.commands.train.run_train`) or, with
     ``rounds.count`` > 1, :func:`run_rounds`; returns the final mean genome's held-out accuracy (what a
@@ -170,21 +171,19 @@ def fold_round(cfg, r: int, round_dir: Path, out: Path) -> dict:
     from engine.model import resolve_model_path
     from engine.tasks import load_task
 
-    if (out / "adapter_config.json").is_file():
-        meta = io.read_json(out / "sft_meta.json")
-        return {"rows": meta.get("examples"), "steps": meta.get("steps"), "last_loss": meta.get("last_loss")}
-    task = load_task(cfg.task)
-    rows = fold_rows(read_rollouts(round_dir), {p.id: p for p in task.train}, cfg.rounds.max_rows,
-                     cfg.seed + r * ROUND_SEED_STRIDE)
-    if not rows:
-        raise ValueError(f"round {r} ({round_dir}) produced no correct completion to fold; start a new run with a "
-                         "stronger warm start (sft.max_steps) or more generations per round")
-    steps = cfg.rounds.fold_steps or -(-len(rows) // cfg.sft.batch_size)
-    dtype, _ = resolve_dtype(cfg.model.dtype, purpose="training", log_choice=False)
-    fold(resolve_model_path(cfg.model.path), round_dir / "adapters" / "mean", rows, cfg.sft, cfg.task.system_prompt,
-         out, steps, cfg.rounds.fold_lr or cfg.sft.lr, dtype)
+    if not (out / "adapter_config.json").is_file():  # a finished fold is kept as it is
+        task = load_task(cfg.task)
+        rows = fold_rows(read_rollouts(round_dir), {p.id: p for p in task.train}, cfg.rounds.max_rows,
+                         cfg.seed + r * ROUND_SEED_STRIDE)
+        if not rows:
+            raise ValueError(f"round {r} ({round_dir}) produced no correct completion to fold; start a new run with "
+                             "a stronger warm start (sft.max_steps) or more generations per round")
+        steps = cfg.rounds.fold_steps or -(-len(rows) // cfg.sft.batch_size)
+        dtype, _ = resolve_dtype(cfg.model.dtype, purpose="training", log_choice=False)
+        fold(resolve_model_path(cfg.model.path), round_dir / "adapters" / "mean", rows, cfg.sft,
+             cfg.task.system_prompt, out, steps, cfg.rounds.fold_lr or cfg.sft.lr, dtype)
     meta = io.read_json(out / "sft_meta.json")
-    return {"rows": len(rows), "steps": steps, "last_loss": meta.get("last_loss")}
+    return {"rows": meta.get("examples"), "steps": meta.get("steps"), "last_loss": meta.get("last_loss")}
 
 
 def run_rounds(cfg, run_dir: str | Path, run_train) -> dict:
