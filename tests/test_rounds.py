@@ -106,10 +106,12 @@ def test_rounds_chain_each_fold_into_the_next_round(tmp_path, monkeypatch, capsy
     assert "round  start   mean" in capsys.readouterr().out
 
 
-def test_rounds_resume_skips_finished_rounds_and_resumes_the_interrupted_one(tmp_path, monkeypatch):
+def test_rounds_resume_skips_finished_rounds_and_resumes_the_interrupted_one(tmp_path, monkeypatch, capsys):
     fake = FakeRounds(monkeypatch, interrupt_at=1)
     with pytest.raises(KeyboardInterrupt):
         train_rounds.run_rounds(cfg(rounds={"count": 3}), tmp_path, fake.run_train)
+    said = capsys.readouterr().err.strip().splitlines()[-1]  # the last line: the rounds', not the round's
+    assert f"interrupted in round 1; continue the rounds with: essa train resume={tmp_path} " in said
     assert json.loads((tmp_path / "rounds.json").read_text())["rounds"][0]["round"] == 0
     again = FakeRounds(monkeypatch)
     out = train_rounds.run_rounds(cfg(rounds={"count": 3}, resume=str(tmp_path)), tmp_path / "elsewhere",
