@@ -205,7 +205,7 @@ def test_pass_at_k_study_common_seeds_and_paired_differences(tmp_path, capsys):
     conds = summary["conditions"]
     assert summary["control"] == "twin_a" and "pass_at_k_vs_control" not in conds["twin_a"]
     twin = conds["twin_b"]["pass_at_k_vs_control"]
-    assert twin == {k: {"diff": 0.0, "low": 0.0, "high": 0.0, "problems": 30} for k in ("1", "2", "8")}
+    assert twin == {k: {"diff": 0.0, "low": 0.0, "high": 0.0, "sd": 0.0, "problems": 30} for k in ("1", "2", "8")}
     better, base = conds["better"]["pass_at_k_vs_control"], conds["no_adapter"]["pass_at_k_vs_control"]
     assert better["1"]["low"] > 0.0 and all(better[k]["diff"] >= 0.0 for k in better)   # same dice, more skill
     assert base["1"]["high"] < 0.0
@@ -552,6 +552,8 @@ def test_diff_table_counts_each_comparisons_own_problems():
     lines = format_diff_table(vs, pairs, "ctl", [1, 2]).splitlines()
     assert "a - ctl (0 problems)" in lines[1] and "b - ctl (0 problems)" in lines[1] and "a - b (2 problems)" in lines[1]
     assert lines[2].startswith("pass@1") and lines[2].rstrip().endswith("+0.500 [+0.500, +0.500]")  # no count after
+    assert lines[-1].startswith("to size a larger study: problems for a 95 % half-width of 0.03 at pass@2")
+    assert lines[-1].endswith("a - b 1")  # both problems differ by exactly 1: any count gives a zero-width interval
 
 
 @pytest.mark.parametrize("case, conds, ks", [

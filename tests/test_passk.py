@@ -157,7 +157,8 @@ def test_train_sampled_pass_logs_what_it_scores_and_counts_pass_at_n(caplog):
 # --- paired comparisons (engine/results/passk_compare.py) ----------------------------------------
 
 from engine.results.passk_compare import (bootstrap_mean_interval, bootstrap_weights, compare_conditions,  # noqa: E402
-                                          compare_pair, paired_bootstrap_diff, pass_at_k_per_problem)
+                                          compare_pair, paired_bootstrap_diff, pass_at_k_per_problem,
+                                          problems_for_half_width)
 
 
 def _crn_counts(q: np.ndarray, n: int, rng) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -191,6 +192,25 @@ def test_identical_conditions_differ_by_exactly_zero():
     res = paired_bootstrap_diff(vals, vals.copy(), resamples=1000, seed=3)
     assert res["problems"] == 60
     assert np.all(res["diff"] == 0.0) and np.all(res["low"] == 0.0) and np.all(res["high"] == 0.0)
+
+
+def test_the_per_problem_sd_sizes_a_study_whose_interval_has_the_asked_width():
+    """The sd of the per-problem difference plans the problem count: a study of that many problems drawn like
+    the pilot gets a bootstrap half-width close to the one asked for (issue 44: choose the problem count)."""
+    rng = np.random.default_rng(5)
+    pilot = rng.choice([-1.0, 0.0, 0.0, 0.0, 1.0, 1.0], size=(1, 60))        # k = n: per-problem 0 / 1 values
+    res = paired_bootstrap_diff(pilot, np.zeros_like(pilot), resamples=500, seed=0)
+    assert res["sd"][0] == pytest.approx(pilot.std(ddof=1))
+    need = problems_for_half_width(res["sd"][0], 0.05)
+    assert need == int(np.ceil((1.959964 * pilot.std(ddof=1) / 0.05) ** 2))
+    big = rng.choice([-1.0, 0.0, 0.0, 0.0, 1.0, 1.0], size=(1, need))
+    full = paired_bootstrap_diff(big, np.zeros_like(big), resamples=2000, seed=1)
+    assert (full["high"][0] - full["low"][0]) / 2 == pytest.approx(0.05, rel=0.2)
+    assert problems_for_half_width(res["sd"][0], 0.1) < need                # a wider interval needs fewer
+    assert problems_for_half_width(None, 0.03) is None and problems_for_half_width(float("nan"), 0.03) is None
+    assert np.isnan(paired_bootstrap_diff(pilot[:, :1], pilot[:, :1])["sd"][0])   # one problem: no sd
+    with pytest.raises(ValueError, match="half_width"):
+        problems_for_half_width(0.3, 0.0)
 
 
 def test_a_condition_that_solves_more_has_a_positive_interval():
@@ -255,7 +275,7 @@ def test_compare_conditions_common_set_pairs_and_errors():
     assert list(vs) == ["a", "b"]
     assert vs["a"]["1"]["problems"] == 3 and vs["b"]["1"]["problems"] == 2 and vs["b"]["4"]["problems"] == 2
     assert vs["a"]["1"]["diff"] == pytest.approx((1 + 1 + 0) / 4 / 3)
-    assert vs["b"]["1"]["diff"] == 0.0 and vs["b"]["4"] == {"diff": 0.0, "low": 0.0, "high": 0.0, "problems": 2}
+    assert vs["b"]["1"]["diff"] == 0.0 and vs["b"]["4"] == {"diff": 0.0, "low": 0.0, "high": 0.0, "sd": 0.0, "problems": 2}
     assert [(p["condition"], p["against"]) for p in pairs] == [("a", "b")]
     assert pairs[0]["pass_at_k"]["1"]["diff"] == pytest.approx((1 + 1) / 4 / 2)
     assert compare_conditions({"x": counts["a"], "y": counts["b"]}, [1], "x", resamples=50)[1] == []
@@ -266,4 +286,4 @@ def test_compare_conditions_common_set_pairs_and_errors():
     with pytest.raises(ValueError, match="same problems"):
         compare_pair((np.array([4, 4]), np.array([1, 1])), (np.array([4]), np.array([1])), [1])
     empty = compare_pair((np.array([2]), np.array([1])), (np.array([4]), np.array([1])), [4])
-    assert empty == {"4": {"diff": None, "low": None, "high": None, "problems": 0}}
+    assert empty == {"4": {"diff": None, "low": None, "high": None, "sd": None, "problems": 0}}

@@ -34,7 +34,7 @@ Outputs in the run directory (Hydra's, or ``output_dir``):
 | file | content |
 |---|---|
 | ``eval_problems.parquet`` | one row per (condition, problem), columns below |
-| ``eval_summary.json`` | settings and, per condition, ``greedy_accuracy, greedy_accuracy_flexible, avg_at_n, avg_at_n_flexible, pass_at_k {k: value}, pass_at_k_ci95 {k: [low, high]}, pass_at_k_vs_control {k: {diff, low, high, problems}}, n_problems``; ``control``, ``pass_at_k_pairs`` and ``bootstrap`` at the top |
+| ``eval_summary.json`` | settings and, per condition, ``greedy_accuracy, greedy_accuracy_flexible, avg_at_n, avg_at_n_flexible, pass_at_k {k: value}, pass_at_k_ci95 {k: [low, high]}, pass_at_k_vs_control {k: {diff, low, high, sd, problems}}, n_problems``; ``control``, ``pass_at_k_pairs`` and ``bootstrap`` at the top |
 | ``eval_samples.parquet`` | with ``save_completions=true``: one row per completion |
 
 eval_problems.parquet columns: ``problem_id, condition, adapter, reference, greedy_correct,
@@ -64,10 +64,12 @@ from engine.lora.checks import adapter_rank, check_adapter_fits, check_adapter_w
 from engine.prompts import build_prompt
 from engine.results.passk import pass_at_k_fixed_set
 from engine.results.passk_compare import (CONFIDENCE, RESAMPLES, bootstrap_mean_interval, compare_conditions,
-                                          pass_at_k_per_problem)
+                                          pass_at_k_per_problem, problems_for_half_width)
 from engine.tasks import Problem, load_task
 
 log = logging.getLogger("essa.eval")
+
+PLAN_HALF_WIDTH = 0.03  # pass@k units: an interval 6 points wide, F-GRPO's reported pass@256 gain (issue 44)
 
 
 # --- conditions: resolve_conditions (engine/commands/eval_config.py, also checked by --cfg job) ---------
@@ -160,7 +162,7 @@ def compare_passk(sampled: PassResult, ks: Sequence[int], names: Sequence[str], 
     (:func:`engine.results.passk_compare.compare_conditions`; B = 2000 resamples with ``seed``).
 
     Returns:
-        ``(vs_control, pairs)``: ``{condition: {str(k): {"diff", "low", "high", "problems"}}}`` (condition
+        ``(vs_control, pairs)``: ``{condition: {str(k): {"diff", "low", "high", "sd", "problems"}}}`` (condition
         minus control) and ``[{"condition", "against", "pass_at_k": {str(k): ...}}]``.
     """
     counts = {name: sampled_counts(sampled, a) for a, name in enumerate(names)}
@@ -193,6 +195,7 @@ def format_diff_table(vs_control: dict[str, dict], pairs: list[dict], control: s
     cols += [(f"{p['condition']} - {p['against']}", p["pass_at_k"]) for p in pairs]
     if not cols or not ks:
         return ""
+    plan = _plan_line(cols, max(ks))
     cols = [(f"{head} ({n} problem{'' if n == 1 else 's'})", table) for head, table in cols
             for n in [_problems(table)]]
     sign = lambda x: f"{round(x, 3) + 0.0:+.3f}"  # noqa: E731  (a -1e-17 prints +0.000, not -0.000)
@@ -204,11 +207,22 @@ def format_diff_table(vs_control: dict[str, dict], pairs: list[dict], control: s
              f"{'k':<8}" + "".join(f"{h:>{width}}" for h, _ in cols)]
     for k in ks:
         lines.append(f"{'pass@' + str(k):<8}" + "".join(f"{fmt(table.get(str(k))):>{width}}" for _, table in cols))
-    return "\n".join(lines)
+    return "\n".join(lines + ([plan] if plan else []))
+
+
+def _plan_line(cols: list[tuple[str, dict]], k: int) -> str:
+    """One line to size a larger study: for each comparison, the problems its pass@k difference at the
+    largest k would need for a 95 % half-width of PLAN_HALF_WIDTH, from this call's per-problem sd
+    (:func:`engine.results.passk_compare.problems_for_half_width`). Empty when no sd is known."""
+    need = [(head, problems_for_half_width((table.get(str(k)) or {}).get("sd"), PLAN_HALF_WIDTH))
+            for head, table in cols]
+    shown = ", ".join(f"{head} {n}" for head, n in need if n is not None)
+    return (f"to size a larger study: problems for a 95 % half-width of {PLAN_HALF_WIDTH:g} at pass@{k} "
+            f"(from this call's per-problem sd): {shown}") if shown else ""
 
 
 def _problems(table: dict) -> int:
-    """The problems a comparison's table (``{str(k): {"diff", "low", "high", "problems"}}``) is paired on."""
+    """The problems a comparison's table (``{str(k): {"diff", "low", "high", "sd", "problems"}}``) is paired on."""
     return next((d["problems"] for d in table.values() if isinstance(d, dict)), 0)
 
 

@@ -115,8 +115,9 @@ def paired_bootstrap_diff(treatment: np.ndarray, control: np.ndarray, resamples:
         confidence: two-sided coverage (default 0.95).
 
     Returns:
-        ``{"diff": (K,), "low": (K,), "high": (K,), "problems": N}``; the arrays are float64 and
-        None-free; with N = 0 they are NaN.
+        ``{"diff": (K,), "low": (K,), "high": (K,), "sd": (K,), "problems": N}``; the arrays are float64
+        and None-free; ``sd`` is the standard deviation of the per-problem difference (ddof 1; what
+        :func:`problems_for_half_width` plans a larger study from); NaN where N is too small (0, or 1 for sd).
 
     Raises:
         ValueError: the shapes differ, B < 1, or confidence outside (0, 1).
@@ -128,9 +129,32 @@ def paired_bootstrap_diff(treatment: np.ndarray, control: np.ndarray, resamples:
     K, N = treatment.shape
     if N == 0:
         nan = np.full(K, np.nan)
-        return {"diff": nan, "low": nan.copy(), "high": nan.copy(), "problems": 0}
+        return {"diff": nan, "low": nan.copy(), "high": nan.copy(), "sd": nan.copy(), "problems": 0}
     diff, lo, hi = bootstrap_mean_interval(treatment - control, resamples, seed, confidence)
-    return {"diff": diff, "low": lo, "high": hi, "problems": int(N)}
+    sd = (treatment - control).std(axis=1, ddof=1) if N > 1 else np.full(K, np.nan)
+    return {"diff": diff, "low": lo, "high": hi, "sd": sd, "problems": int(N)}
+
+
+def problems_for_half_width(sd: float | None, half_width: float, confidence: float = CONFIDENCE) -> int | None:
+    """Problems a study needs for its paired interval's half-width to be ``half_width`` (pass@k units, e.g.
+    0.03 = 3 points), given the per-problem difference's standard deviation ``sd`` measured on a pilot:
+    ``ceil((z sd / half_width)^2)`` with z the normal quantile of ``confidence`` (the textbook sample size
+    of a mean; the bootstrap interval of the full study is close to it once N is in the tens). None when
+    ``sd`` is unknown (None or NaN).
+
+    Raises:
+        ValueError: ``half_width`` <= 0 or ``confidence`` outside (0, 1).
+    """
+    from math import ceil, isfinite
+    from statistics import NormalDist
+
+    if half_width <= 0 or not 0 < confidence < 1:
+        raise ValueError(f"problems_for_half_width: half_width {half_width} must be > 0 and confidence "
+                         f"{confidence} in (0, 1)")
+    if sd is None or not isfinite(sd):
+        return None
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    return max(1, ceil((z * sd / half_width) ** 2))
 
 
 def _json_number(v: float) -> float | None:
@@ -139,9 +163,10 @@ def _json_number(v: float) -> float | None:
 
 def diff_table(ks: Sequence[int], result: dict) -> dict[str, dict]:
     """A :func:`paired_bootstrap_diff` result as eval_summary.json stores it:
-    ``{str(k): {"diff", "low", "high", "problems"}}`` (None for NaN)."""
+    ``{str(k): {"diff", "low", "high", "sd", "problems"}}`` (None for NaN)."""
     return {str(k): {"diff": _json_number(result["diff"][j]), "low": _json_number(result["low"][j]),
-                     "high": _json_number(result["high"][j]), "problems": result["problems"]}
+                     "high": _json_number(result["high"][j]), "sd": _json_number(result["sd"][j]),
+                     "problems": result["problems"]}
             for j, k in enumerate(ks)}
 
 
