@@ -552,8 +552,28 @@ def test_diff_table_counts_each_comparisons_own_problems():
     lines = format_diff_table(vs, pairs, "ctl", [1, 2]).splitlines()
     assert "a - ctl (0 problems)" in lines[1] and "b - ctl (0 problems)" in lines[1] and "a - b (2 problems)" in lines[1]
     assert lines[2].startswith("pass@1") and lines[2].rstrip().endswith("+0.500 [+0.500, +0.500]")  # no count after
-    assert lines[-1].startswith("to size a larger study: problems for a 95 % half-width of 0.03 at pass@2")
-    assert lines[-1].endswith("a - b 1")  # both problems differ by exactly 1: any count gives a zero-width interval
+    assert lines[-1].startswith("pass@2")  # 2 problems are too few to size a larger study from: no planning line
+
+
+def test_the_planning_line_sizes_each_comparison_from_its_own_pilot():
+    """The diff block's last line: problems for a 3-point half-width at the largest k, from the per-problem sd;
+    '-' where the pilot is under 10 problems or its two conditions never differed (sd 0 is no estimate)."""
+    from engine.commands.eval import compare_passk, format_diff_table
+    from engine.evaluation.passes import PassResult
+
+    rng = np.random.default_rng(0)
+    ctl = rng.random((30, 4)) < 0.3                                          # (N, G) correct samples
+    st = np.array([np.where(ctl, "correct", "wrong"), np.where(ctl, "correct", "wrong"),
+                   np.where(rng.random((30, 4)) < 0.6, "correct", "wrong")], dtype=object)
+    none = np.full(st.shape, None, dtype=object)
+    sampled = PassResult(correct=st == "correct", scored=st != "error", extracted=none, status=st,
+                         n_tokens=np.ones(st.shape, dtype=np.int64), texts=none, generate_s=1.0)
+    vs, pairs = compare_passk(sampled, [1, 4], ["ctl", "twin", "better"], "ctl")
+    last = format_diff_table(vs, pairs, "ctl", [1, 4]).splitlines()[-1]
+    sd = vs["better"]["4"]["sd"]
+    assert sd > 0 and last.startswith("to size a larger study: problems for a 95 % half-width of 0.03 at pass@4")
+    assert f"better - ctl {int(np.ceil((1.959964 * sd / 0.03) ** 2))}" in last
+    assert "twin - ctl -," in last  # identical answers: no estimate, not "1 problem"
 
 
 @pytest.mark.parametrize("case, conds, ks", [

@@ -209,8 +209,12 @@ def test_the_per_problem_sd_sizes_a_study_whose_interval_has_the_asked_width():
     assert problems_for_half_width(res["sd"][0], 0.1) < need                # a wider interval needs fewer
     assert problems_for_half_width(None, 0.03) is None and problems_for_half_width(float("nan"), 0.03) is None
     assert np.isnan(paired_bootstrap_diff(pilot[:, :1], pilot[:, :1])["sd"][0])   # one problem: no sd
-    with pytest.raises(ValueError, match="half_width"):
-        problems_for_half_width(0.3, 0.0)
+    assert problems_for_half_width(0.0, 0.03) is None and problems_for_half_width(float("inf"), 0.03) is None
+    for sd, h in ((0.3, 0.0), (0.3, float("nan")), (0.3, float("inf"))):
+        with pytest.raises(ValueError, match="half_width"):
+            problems_for_half_width(sd, h)
+    with pytest.raises(ValueError, match="sd -0.3 must be >= 0"):
+        problems_for_half_width(-0.3, 0.03)
 
 
 def test_a_condition_that_solves_more_has_a_positive_interval():

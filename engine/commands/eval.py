@@ -70,6 +70,7 @@ from engine.tasks import Problem, load_task
 log = logging.getLogger("essa.eval")
 
 PLAN_HALF_WIDTH = 0.03  # pass@k units: an interval 6 points wide, F-GRPO's reported pass@256 gain (issue 44)
+PLAN_MIN_PILOT = 10     # problems a comparison needs before its sd sizes a larger study
 
 
 # --- conditions: resolve_conditions (engine/commands/eval_config.py, also checked by --cfg job) ---------
@@ -190,7 +191,8 @@ def format_diff_table(vs_control: dict[str, dict], pairs: list[dict], control: s
     """The printed block of pass@k differences: one line per k, one column per comparison (each condition
     minus ``control``, then each pair), ``diff [low, high]`` with the paired bootstrap 95 % interval. Each
     comparison is paired on its own problem set (the problems both conditions score, the same for every k),
-    so its header counts them. Empty when there is nothing to compare."""
+    so its header counts them. The last line sizes a larger study (:func:`_plan_line`). Empty when there is
+    nothing to compare."""
     cols = [(f"{name} - {control}", table) for name, table in vs_control.items()]
     cols += [(f"{p['condition']} - {p['against']}", p["pass_at_k"]) for p in pairs]
     if not cols or not ks:
@@ -213,12 +215,19 @@ def format_diff_table(vs_control: dict[str, dict], pairs: list[dict], control: s
 def _plan_line(cols: list[tuple[str, dict]], k: int) -> str:
     """One line to size a larger study: for each comparison, the problems its pass@k difference at the
     largest k would need for a 95 % half-width of PLAN_HALF_WIDTH, from this call's per-problem sd
-    (:func:`engine.results.passk_compare.problems_for_half_width`). Empty when no sd is known."""
-    need = [(head, problems_for_half_width((table.get(str(k)) or {}).get("sd"), PLAN_HALF_WIDTH))
-            for head, table in cols]
-    shown = ", ".join(f"{head} {n}" for head, n in need if n is not None)
-    return (f"to size a larger study: problems for a 95 % half-width of {PLAN_HALF_WIDTH:g} at pass@{k} "
-            f"(from this call's per-problem sd): {shown}") if shown else ""
+    (:func:`engine.results.passk_compare.problems_for_half_width`). A comparison paired on fewer than
+    PLAN_MIN_PILOT problems, or whose conditions never differed there, shows ``-`` (no estimate). Empty
+    when no comparison has one."""
+    def need(table: dict) -> int | None:
+        d = table.get(str(k)) or {}
+        return problems_for_half_width(d.get("sd"), PLAN_HALF_WIDTH) if d.get("problems", 0) >= PLAN_MIN_PILOT else None
+
+    shown = [(head, need(table), _problems(table)) for head, table in cols]
+    if all(n is None for _, n, _ in shown):
+        return ""
+    text = ", ".join(f"{head} {n if n is not None else '-'}" for head, n, _ in shown)
+    return (f"to size a larger study: problems for a 95 % half-width of {PLAN_HALF_WIDTH:g} at pass@{k}, from this "
+            f"call's per-problem sd ('-': under {PLAN_MIN_PILOT} problems or no difference seen): {text}")
 
 
 def _problems(table: dict) -> int:

@@ -216,9 +216,9 @@ def run_rounds(cfg, run_dir: str | Path, run_train) -> dict:
             record["rounds"].append(one_round(cfg, r, root, run_train))
             io.write_json(root / "rounds.json", record)
     except KeyboardInterrupt:
-        print(f"rounds: interrupted in round {len(record['rounds'])}; continue the rounds with: essa train resume={root} "
-              "<same overrides> (not the round's own directory named above; finished rounds and folds are kept)",
-              file=sys.stderr)
+        print(f"rounds: interrupted in round {len(record['rounds'])}; continue the rounds with: essa train "
+              f"resume={root} <same overrides> (the rounds' directory, not a round_<r> inside it; finished rounds "
+              "and folds are kept)", file=sys.stderr)
         raise
     print(rounds_table(record))
     return {**record, "run_dir": str(root)}

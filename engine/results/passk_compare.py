@@ -140,18 +140,21 @@ def problems_for_half_width(sd: float | None, half_width: float, confidence: flo
     0.03 = 3 points), given the per-problem difference's standard deviation ``sd`` measured on a pilot:
     ``ceil((z sd / half_width)^2)`` with z the normal quantile of ``confidence`` (the textbook sample size
     of a mean; the bootstrap interval of the full study is close to it once N is in the tens). None when
-    ``sd`` is unknown (None or NaN).
+    ``sd`` is not a usable estimate: None, NaN, infinite, or 0 (a pilot whose conditions never differed
+    says nothing about how often they would).
 
     Raises:
-        ValueError: ``half_width`` <= 0 or ``confidence`` outside (0, 1).
+        ValueError: ``half_width`` not a finite number > 0, ``sd`` < 0, or ``confidence`` outside (0, 1).
     """
     from math import ceil, isfinite
     from statistics import NormalDist
 
-    if half_width <= 0 or not 0 < confidence < 1:
-        raise ValueError(f"problems_for_half_width: half_width {half_width} must be > 0 and confidence "
-                         f"{confidence} in (0, 1)")
-    if sd is None or not isfinite(sd):
+    if not (isfinite(half_width) and half_width > 0) or not 0 < confidence < 1:
+        raise ValueError(f"problems_for_half_width: half_width {half_width} must be a finite number > 0 and "
+                         f"confidence {confidence} in (0, 1)")
+    if sd is not None and sd < 0:
+        raise ValueError(f"problems_for_half_width: sd {sd} must be >= 0 (a standard deviation)")
+    if sd is None or not isfinite(sd) or sd == 0:
         return None
     z = NormalDist().inv_cdf(0.5 + confidence / 2)
     return max(1, ceil((z * sd / half_width) ** 2))
