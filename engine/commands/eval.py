@@ -222,10 +222,10 @@ def _plan_line(cols: list[tuple[str, dict]], k: int) -> str:
         d = table.get(str(k)) or {}
         return problems_for_half_width(d.get("sd"), PLAN_HALF_WIDTH) if d.get("problems", 0) >= PLAN_MIN_PILOT else None
 
-    shown = [(head, need(table), _problems(table)) for head, table in cols]
-    if all(n is None for _, n, _ in shown):
+    shown = [(head, need(table)) for head, table in cols]
+    if all(n is None for _, n in shown):
         return ""
-    text = ", ".join(f"{head} {n if n is not None else '-'}" for head, n, _ in shown)
+    text = ", ".join(f"{head} {n if n is not None else '-'}" for head, n in shown)
     return (f"to size a larger study: problems for a 95 % half-width of {PLAN_HALF_WIDTH:g} at pass@{k}, from this "
             f"call's per-problem sd ('-': under {PLAN_MIN_PILOT} problems or no difference seen): {text}")
 

@@ -130,8 +130,9 @@ def paired_bootstrap_diff(treatment: np.ndarray, control: np.ndarray, resamples:
     if N == 0:
         nan = np.full(K, np.nan)
         return {"diff": nan, "low": nan.copy(), "high": nan.copy(), "sd": nan.copy(), "problems": 0}
-    diff, lo, hi = bootstrap_mean_interval(treatment - control, resamples, seed, confidence)
-    sd = (treatment - control).std(axis=1, ddof=1) if N > 1 else np.full(K, np.nan)
+    per_problem = treatment - control                                                # (K, N)
+    diff, lo, hi = bootstrap_mean_interval(per_problem, resamples, seed, confidence)
+    sd = per_problem.std(axis=1, ddof=1) if N > 1 else np.full(K, np.nan)
     return {"diff": diff, "low": lo, "high": hi, "sd": sd, "problems": int(N)}
 
 
