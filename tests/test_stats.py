@@ -149,3 +149,12 @@ def test_summary_from_validation_rows_uses_latest_step_and_pairs_with_sft():
     assert f"[{lo:+.3f}, {hi:+.3f}]" in mean_row and "1 / 0" in mean_row  # the paired interval and b / c
     assert "SFT warm start: re-scored in the final engine call" in text
     assert text.splitlines()[-1] == "b / c: problems only that row solves / only the SFT warm start solves"
+
+
+def test_final_table_names_the_method_that_trained_the_policy():
+    """An F-GRPO run's final table says F-GRPO, not GRPO, on its policy row; GRPO's says GRPO."""
+    s = summarise_conditions({"sft": np.array([1.0, 0.0, 0.0]), "policy": np.array([1.0, 1.0, 0.0])})
+    rows = {m: format_summary(s, "demo", method=m).splitlines() for m in ("grpo", "f-grpo")}
+    assert any(ln.startswith("after GRPO (policy)") for ln in rows["grpo"])
+    assert any(ln.startswith("after F-GRPO (policy)") for ln in rows["f-grpo"])
+    assert not any("after GRPO (policy)" in ln for ln in rows["f-grpo"])

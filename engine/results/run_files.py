@@ -133,7 +133,7 @@ def final_summary(run_dir: str | Path, stats: dict, task: str, control_note: str
     """Print the final table and write ``summary.json``: ``val`` (accuracy per condition), ``val_ci95``,
     ``paired_vs_sft``, ``n_problems``, ``task`` and ``fields``; the dict also goes to ``tracker`` when
     given. Returns the dict written."""
-    print(format_summary(stats, task, control_note=control_note))
+    print(format_summary(stats, task, control_note=control_note, method=fields.get("method")))
     summary = {"val": stats["accuracy"], "val_ci95": stats["ci"], "paired_vs_sft": stats["paired"],
                "n_problems": stats["n_problems"], "task": task, **fields}
     io.write_json(Path(run_dir) / "summary.json", summary)

@@ -305,16 +305,28 @@ def summarise_conditions(per_problem: dict[str, np.ndarray], control: str = "sft
     return {"n_problems": n, "accuracy": acc, "ci": ci, "correct": correct, "paired": paired}
 
 
-def format_summary(summary: dict, task: str, control: str = "sft", control_note: str = "") -> str:
+def condition_names(method: str | None = None) -> dict[str, str]:
+    """Row names of the conditions (:data:`CONDITION_NAMES`); ``method`` (e.g. ``"f-grpo"``) names the
+    trained ``policy`` row after the method that trained it."""
+    names = dict(CONDITION_NAMES)
+    if method and method != "grpo":
+        names["policy"] = f"after {method.upper()} (policy)"
+    return names
+
+
+def format_summary(summary: dict, task: str, control: str = "sft", control_note: str = "",
+                   method: str | None = None) -> str:
     """The final table printed at the end of a run: accuracy, 95 % Wilson interval, correct/n, and the
     paired difference against ``control`` with its 95 % interval, b / c (problems only this condition
     solves / only the control solves) and exact McNemar p-value. ``control_note`` says where the
-    control's row was measured (e.g. "re-scored in the final engine call"); printed after the header."""
+    control's row was measured (e.g. "re-scored in the final engine call"); printed after the header.
+    ``method`` names the ``policy`` row (:func:`condition_names`)."""
     n = summary["n_problems"]
+    names = condition_names(method)
     lines = [f"\nheld-out accuracy on {task} ({n} problems, greedy; 95% Wilson intervals; "
-             f"paired vs {CONDITION_NAMES.get(control, control)}: exact McNemar)"]
+             f"paired vs {names.get(control, control)}: exact McNemar)"]
     if control_note:
-        lines.append(f"{CONDITION_NAMES.get(control, control)}: {control_note}")
+        lines.append(f"{names.get(control, control)}: {control_note}")
     lines.append(f"{'condition':<28}{'accuracy':>9}  {'95% interval':<15}{'correct':>9}  {'paired diff':>11}  "
                  f"{'95% interval':<16}  {'b / c':^11} {'p':>7}")
     for cond, a in summary["accuracy"].items():
@@ -322,8 +334,8 @@ def format_summary(summary: dict, task: str, control: str = "sft", control_note:
         pc = summary["paired"].get(cond)
         extra = (f"  {pc['diff']:>+11.3f}  [{pc['ci_low']:+.3f}, {pc['ci_high']:+.3f}]"
                  f"  {pc['b']:>4d} / {pc['c']:<4d} {pc['p_value']:>7.3g}") if pc else ""
-        lines.append(f"{CONDITION_NAMES.get(cond, cond):<28}{a:>9.3f}  [{lo:.3f}, {hi:.3f}]  "
+        lines.append(f"{names.get(cond, cond):<28}{a:>9.3f}  [{lo:.3f}, {hi:.3f}]  "
                      f"{summary['correct'][cond]:>5d}/{n:<4d}{extra}")
     if summary["paired"]:
-        lines.append(f"b / c: problems only that row solves / only the {CONDITION_NAMES.get(control, control)} solves")
+        lines.append(f"b / c: problems only that row solves / only the {names.get(control, control)} solves")
     return "\n".join(lines)
