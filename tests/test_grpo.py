@@ -226,6 +226,12 @@ def test_tiny_real_run(tmp_path):
     assert len(names) == 4 * base.config.num_hidden_layers
     assert not (run_dir / "trainer").exists()
 
+    # essa report reads the real run directory: its step-keyed metrics, the F-GRPO validation curve
+    from engine.results.report import make_report
+    make_report([run_dir], tmp_path / "report")
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "| f-grpo | arithmetic | 2 |" in md and (tmp_path / "report" / "val_accuracy_wallclock.png").is_file()
+
 
 
 @pytest.mark.slow  # test_tiny_real_run covers the vLLM rollout path; make test-all

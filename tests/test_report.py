@@ -37,13 +37,15 @@ AXES = {
 
 
 def _grpo_run(tmp_path: Path) -> Path:
-    """A baseline run with validation.parquet only (GRPO writes no metrics.parquet)."""
+    """A baseline run as essa grpo writes it: validation.parquet, and metrics.parquet keyed by optimiser step."""
     d = tmp_path / "grpo_run"
     d.mkdir()
     (d / "run.json").write_text(json.dumps({"method": "f-grpo", "label": "f-grpo gamma=0.5", "task": "arithmetic"}))
     rows = [{"step": s, "wall_s": 60.0 + 40 * s, "condition": "mean", "accuracy": 0.3 + 0.01 * s,
              "n_problems": 32, "method": "f-grpo"} for s in range(0, 7, 2)]
     pq.write_table(pa.Table.from_pylist(rows), d / "validation.parquet")
+    steps = [{"step": s, "wall_s": 50.0 + 40 * s, "reward_mean": 0.1, "loss": 0.01} for s in range(1, 7)]
+    pq.write_table(pa.Table.from_pylist(steps), d / "metrics.parquet")
     return d
 
 
@@ -93,7 +95,7 @@ def test_several_runs_overlaid_and_missing_data_skipped(tmp_path):
     figs = build_figures([load_run(FIXTURE), load_run(grpo)])
     legend = [" ".join(t.split()) for t in legend_texts(figs["val_accuracy_wallclock"])]
     assert "f-grpo gamma=0.5: mean" in legend and " ".join(f"{LABEL}: mean".split()) in legend
-    # the GRPO run has no metrics: only the ES run is in the fitness figure
+    # the GRPO run's metrics are per step, without fitness: only the ES run is in the fitness figure
     assert all("f-grpo" not in l.get_label() for l in figs["fitness"].axes[0].lines)
 
     paths = make_report([grpo], tmp_path / "only_grpo")

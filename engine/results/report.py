@@ -81,7 +81,7 @@ class RunData:
         label: legend name (run.json label, else the eval label, else the directory name).
         method: essa | grpo | f-grpo | ... ("" when unknown).
         meta: run.json contents ({} when absent).
-        metrics: metrics.parquet rows (one per generation, sorted).
+        metrics: metrics.parquet rows (one per generation, or per optimiser step of a GRPO run; sorted).
         validation: validation.parquet rows (sorted by step).
         evals: (eval directory, eval_summary.json dict) pairs.
         summary: summary.json of a finished train / grpo run ({} when absent).
@@ -193,15 +193,25 @@ def _rows_with(path: Path, keys: tuple[str, ...]) -> list[dict]:
     return rows
 
 
+GRPO_METHODS = ("grpo", "f-grpo")
+"""run.json methods whose metrics.parquet holds one row per optimiser ``step`` (essa grpo), not per generation."""
+
+
+def _metrics_order(method: str) -> str:
+    """The metrics.parquet column a run's rows are ordered by: ``step`` for :data:`GRPO_METHODS`, else
+    ``generation``."""
+    return "step" if method in GRPO_METHODS else "generation"
+
+
 def load_run(path: str | Path) -> RunData:
     """Read one run directory.
 
     Raises:
         ValueError: the path is not a directory holding any of run.json, metrics.parquet,
             validation.parquet or eval_summary.json (also under eval/ or eval_*/), or one of
-            those files is corrupt (the message names it), or a row has no ``generation`` (metrics) or no
-            ``condition`` or ``step`` (validation), or an eval_summary.json has not the shape the report
-            reads (:func:`eval_summary_error`, the message names the field).
+            those files is corrupt (the message names it), or a row has no ``generation`` (metrics;
+            ``step`` for a GRPO run) or no ``condition`` or ``step`` (validation), or an eval_summary.json
+            has not the shape the report reads (:func:`eval_summary_error`, the message names the field).
     """
     path = Path(path)
     evals = _eval_dirs(path) if path.is_dir() else []
@@ -211,7 +221,8 @@ def load_run(path: str | Path) -> RunData:
     meta = _read_json(path / "run.json") if (path / "run.json").is_file() else {}
     summaries = [(d, _read_eval_summary(d / "eval_summary.json")) for d in evals]
     label = meta.get("label") or (summaries[0][1].get("label") if summaries and not meta else None) or path.name
-    metrics = sorted(_rows_with(path / "metrics.parquet", ("generation",)), key=lambda r: r["generation"])
+    order = _metrics_order(str(meta.get("method", "")))
+    metrics = sorted(_rows_with(path / "metrics.parquet", (order,)), key=lambda r: r[order])
     validation = sorted(_rows_with(path / "validation.parquet", ("condition", "step")),
                         key=lambda r: (r["step"], r.get("wall_s") or 0))
     summary = {}
@@ -609,7 +620,7 @@ def write_markdown(runs: list[RunData], figures: dict[str, Path], skipped: dict[
     labels = _unique_labels(runs)
     rel = lambda p: os.path.relpath(p, out_dir)  # noqa: E731
     lines = ["# Run report", "", *(preamble or []), "## Runs", "",
-             "| run | method | task | generations | wall time after the warm start (s) | directory |",
+             "| run | method | task | generations (GRPO: steps) | wall time after the warm start (s) | directory |",
              "|---|---|---|---|---|---|"]
     for r, lab in zip(runs, labels):
         gens = len(r.metrics) if r.metrics else "-"
