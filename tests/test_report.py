@@ -348,3 +348,19 @@ def test_a_malformed_eval_summary_names_the_file_and_field(tmp_path, capsys, sum
     err = capsys.readouterr().err.strip()
     assert ex.value.code == 2 and err.startswith(f"essa: error: {d / 'eval_summary.json'}: {where}"), err
     assert "\n" not in err and "leave this run out" in err
+
+
+def test_grpo_run_without_its_method_names_run_json(tmp_path):
+    """A GRPO run whose run.json lost its method: the one-line error says what the report read and why."""
+    d = _grpo_run(tmp_path)
+    (d / "run.json").write_text(json.dumps({"label": "f-grpo gamma=0.5", "task": "arithmetic"}))
+    with pytest.raises(ValueError, match=r"metrics.parquet has rows without a 'generation' \(run.json says method "
+                                         r"'-'.*method grpo or f-grpo"):
+        load_run(d)
+
+
+def test_run_links_with_spaces_stay_links(tmp_path):
+    spaced = tmp_path / "grpo run"
+    _grpo_run(tmp_path).rename(spaced)
+    make_report([spaced], tmp_path / "out")
+    assert "[grpo run](<../grpo run>)" in (tmp_path / "out" / "report.md").read_text()

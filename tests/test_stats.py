@@ -158,3 +158,12 @@ def test_final_table_names_the_method_that_trained_the_policy():
     assert any(ln.startswith("after GRPO (policy)") for ln in rows["grpo"])
     assert any(ln.startswith("after F-GRPO (policy)") for ln in rows["f-grpo"])
     assert not any("after GRPO (policy)" in ln for ln in rows["f-grpo"])
+
+
+def test_final_table_columns_line_up_with_their_headers():
+    s = summarise_conditions({"sft": np.array([1.0, 0.0, 0.0]), "policy": np.array([1.0, 1.0, 0.0])})
+    lines = format_summary(s, "demo", method="f-grpo").splitlines()
+    header = next(ln for ln in lines if ln.startswith("condition"))
+    row = next(ln for ln in lines if ln.startswith("after F-GRPO"))
+    assert header.index("paired diff") + len("paired diff") == row.index("+0.333") + len("+0.333")
+    assert header.rindex("95% interval") == row.rindex("[")  # the paired interval starts under its header

@@ -182,13 +182,15 @@ def _read_parquet(path: Path) -> list[dict]:
         raise ValueError(f"{e}; fix or remove the file, or leave this run out") from None
 
 
-def _rows_with(path: Path, keys: tuple[str, ...]) -> list[dict]:
+def _rows_with(path: Path, keys: tuple[str, ...],
+               writers: str = "essa train, grpo and eval write one per row") -> list[dict]:
     """:func:`_read_parquet`'s rows, every one holding a value for each of ``keys`` (the columns the report
-    orders and groups by). Raises ValueError naming the file and the column otherwise."""
+    orders and groups by). Raises ValueError naming the file, the column and ``writers`` (who writes it)
+    otherwise."""
     rows = _read_parquet(path)
     for key in keys:
         if any(r.get(key) is None for r in rows):
-            raise ValueError(f"{path} has rows without a '{key}' (essa train, grpo and eval write one per row); "
+            raise ValueError(f"{path} has rows without a '{key}' ({writers}); "
                              f"fix or remove the file, or leave this run out")
     return rows
 
@@ -221,8 +223,11 @@ def load_run(path: str | Path) -> RunData:
     meta = _read_json(path / "run.json") if (path / "run.json").is_file() else {}
     summaries = [(d, _read_eval_summary(d / "eval_summary.json")) for d in evals]
     label = meta.get("label") or (summaries[0][1].get("label") if summaries and not meta else None) or path.name
-    order = _metrics_order(str(meta.get("method", "")))
-    metrics = sorted(_rows_with(path / "metrics.parquet", (order,)), key=lambda r: r[order])
+    method = str(meta.get("method") or "").lower()
+    order = _metrics_order(method)
+    writers = (f"run.json says method '{method or '-'}': essa train writes a 'generation' per row; essa grpo a "
+               f"'step', read when run.json says method grpo or f-grpo")
+    metrics = sorted(_rows_with(path / "metrics.parquet", (order,), writers), key=lambda r: r[order])
     validation = sorted(_rows_with(path / "validation.parquet", ("condition", "step")),
                         key=lambda r: (r["step"], r.get("wall_s") or 0))
     summary = {}
@@ -231,7 +236,7 @@ def load_run(path: str | Path) -> RunData:
             summary = _read_json(path / "summary.json")
         except ValueError as e:
             log.warning("report: %s", e)
-    return RunData(path, str(label), str(meta.get("method", "")), meta, metrics, validation, summaries, summary)
+    return RunData(path, str(label), method, meta, metrics, validation, summaries, summary)
 
 
 def _col(rows: list[dict], key: str) -> np.ndarray:
@@ -613,12 +618,17 @@ def final_accuracy(run: RunData) -> dict[str, tuple[float, int, int]]:
     return ordered(latest)
 
 
+def _link_target(path: str) -> str:
+    """A Markdown link target for ``path``: in angle brackets when it holds a space (CommonMark), else as is."""
+    return f"<{path}>" if " " in path else path
+
+
 def write_markdown(runs: list[RunData], figures: dict[str, Path], skipped: dict[str, str], out_dir: Path,
                    preamble: list[str] | None = None) -> Path:
     """report.md: ``preamble`` (Markdown lines, e.g. a sweep table), runs, final accuracy per
     condition, eval results, figure links."""
     labels = _unique_labels(runs)
-    rel = lambda p: os.path.relpath(p, out_dir)  # noqa: E731
+    rel = lambda p: _link_target(os.path.relpath(p, out_dir))  # noqa: E731
     lines = ["# Run report", "", *(preamble or []), "## Runs", "",
              "| run | method | task | generations (GRPO: steps) | wall time after the warm start (s) | directory |",
              "|---|---|---|---|---|---|"]

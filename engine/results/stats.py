@@ -327,7 +327,7 @@ def format_summary(summary: dict, task: str, control: str = "sft", control_note:
              f"paired vs {names.get(control, control)}: exact McNemar)"]
     if control_note:
         lines.append(f"{names.get(control, control)}: {control_note}")
-    lines.append(f"{'condition':<28}{'accuracy':>9}  {'95% interval':<15}{'correct':>9}  {'paired diff':>11}  "
+    lines.append(f"{'condition':<28}{'accuracy':>9}  {'95% interval':<16}{'correct':>10}  {'paired diff':>11}  "
                  f"{'95% interval':<16}  {'b / c':^11} {'p':>7}")
     for cond, a in summary["accuracy"].items():
         lo, hi = summary["ci"][cond]
