@@ -13,6 +13,7 @@ from typing import Optional
 from engine.config import (ConfigError, LoggerConfig, LoRAConfig, ModelConfig, RewardConfig, SFTConfig, TaskConfig,
                            check_context, check_logger, check_lora, check_reward, check_sampling, check_seed, check_sft,
                            check_task_reward)
+from engine.results.stats import GRPO_METHODS
 
 log = logging.getLogger("essa.grpo")
 
@@ -265,7 +266,8 @@ def validate(cfg) -> None:
 
 
 def method_name(focal_gamma: float) -> str:
-    """``grpo`` for gamma = 0, else ``f-grpo`` (run.json and validation rows)."""
-    return "grpo" if focal_gamma == 0 else "f-grpo"
+    """``grpo`` for gamma = 0, else ``f-grpo`` (run.json and validation rows; :data:`GRPO_METHODS`)."""
+    grpo, f_grpo = GRPO_METHODS
+    return grpo if focal_gamma == 0 else f_grpo
 
 

@@ -46,7 +46,7 @@ from typing import Callable
 import numpy as np
 
 from engine import io
-from engine.results.stats import ordered
+from engine.results.stats import GRPO_METHODS, ordered
 
 log = logging.getLogger("essa.report")
 # Drawing log-scale tick labels, mathtext looks for STIX / Computer Modern fonts and logs about 20
@@ -193,10 +193,6 @@ def _rows_with(path: Path, keys: tuple[str, ...],
             raise ValueError(f"{path} has rows without a '{key}' ({writers}); "
                              f"fix or remove the file, or leave this run out")
     return rows
-
-
-GRPO_METHODS = ("grpo", "f-grpo")
-"""run.json methods whose metrics.parquet holds one row per optimiser ``step`` (essa grpo), not per generation."""
 
 
 def _metrics_order(method: str) -> str:

@@ -244,6 +244,9 @@ def numerics_share(placebo_var: float, population_var: float) -> float:
 
 
 VALIDATION_PROBLEMS = "validation_problems.parquet"  # per-problem validation rows of essa train / grpo
+GRPO_METHODS = ("grpo", "f-grpo")
+"""The run.json methods of essa grpo: GRPO (focal_gamma 0), F-GRPO (arXiv 2602.06717); their metrics.parquet
+holds one row per optimiser ``step``, not per generation."""
 CONDITION_ORDER = ("no_adapter", "sft", "mean", "best")
 """The order conditions are shown in (tables, figures, summaries); others follow, sorted."""
 CONDITION_NAMES = {"no_adapter": "no adapter", "sft": "SFT warm start", "mean": "after ES (mean genome)",
@@ -309,7 +312,7 @@ def condition_names(method: str | None = None) -> dict[str, str]:
     """Row names of the conditions (:data:`CONDITION_NAMES`); ``method`` (e.g. ``"f-grpo"``) names the
     trained ``policy`` row after the method that trained it."""
     names = dict(CONDITION_NAMES)
-    if method and method != "grpo":
+    if method:
         names["policy"] = f"after {method.upper()} (policy)"
     return names
 
